@@ -1,0 +1,178 @@
+"""The executor: turn a `Schedule` into AOTAutograd forward and backward graph modules.
+
+Given the joint graph of a model and a schedule, `build_modules` produces
+
+* the **forward module**: the whole forward pass, returning the model's outputs followed by the
+  tensors the schedule keeps for the backward pass (``Schedule.saved``);
+* the **backward module**: for each backward stage, the recomputations the stage needs (each a
+  fresh FX node: the forward op copied from the joint graph), then the stage's backward node;
+  forward values a stage releases are not referenced afterwards.
+
+FX frees every value after its last use, and the backward module uses the boxed calling
+convention, so the kept tensors are freed inside the backward pass, after their last use, instead
+of at its end.  `monet.simulate` replays the same two modules to predict the peak.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch.fx as fx
+from torch.fx.graph import _BoxedCodeGen
+
+from monet.graph import OpGraph, TANGENT, is_alias
+from monet.solution import Schedule
+
+
+class ScheduleError(ValueError):
+    """The schedule cannot run: a stage reads a forward value that is neither kept nor recomputed."""
+
+
+def _by_name(joint: fx.GraphModule) -> dict[str, fx.Node]:
+    return {n.name: n for n in joint.graph.nodes}
+
+
+def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str]]:
+    """Build the backward FX graph of `schedule` and list the forward tensors it needs saved.
+
+    Returns:
+        (body, saved): ``body`` has one placeholder per name in ``saved`` plus the tangents, in
+        the order they were first needed; ``saved`` are joint-graph names of the values the
+        forward must hand over (kept forward values and the primals the backward reads).
+
+    Raises:
+        ScheduleError: a stage reads a value the schedule neither keeps nor recomputes, or the
+            schedule recomputes a random op (dropout), which would draw a different mask.
+    """
+    joint = graph.joint
+    nodes = _by_name(joint)
+    fwd_of = graph.fwd_node_of()
+    root = graph.alias_root
+    body = fx.Graph()
+    placeholders: dict[str, fx.Node] = {}
+    saved: list[str] = []
+    available: dict[int, dict[str, fx.Node]] = {}  # forward node id -> joint name -> body node
+    permanent: dict[str, fx.Node] = {}  # primals, tangents, backward values and their views
+    stage_of = {"t": -1}
+
+    def placeholder(name: str) -> fx.Node:
+        if name not in placeholders:
+            p = body.placeholder(name)
+            p.meta = dict(nodes[name].meta)
+            placeholders[name] = p
+            if not name.startswith(TANGENT):
+                saved.append(name)
+        return placeholders[name]
+
+    def owner_id(n: fx.Node) -> int | None:
+        r = root.get(n.name, n.name)
+        rn = nodes[r]
+        if rn.op == "call_function" and rn.target is operator.getitem:
+            rn = rn.args[0]
+        return fwd_of.get(rn.name)
+
+    def lookup(n: fx.Node) -> fx.Node:
+        if n.name in permanent:
+            return permanent[n.name]
+        fid = owner_id(n)
+        if fid is not None:
+            env = available.get(fid)
+            if env is None:
+                raise ScheduleError(
+                    f"backward stage {stage_of['t']} reads {n.name} (forward node {fid}, {graph.fwd[fid].op}) "
+                    f"but the schedule neither keeps nor recomputes it")
+            if n.name in env:
+                return env[n.name]
+            if is_alias(n):  # a view of a kept value: recreate it (no memory)
+                env[n.name] = body.node_copy(n, lookup)
+                return env[n.name]
+            # an output of a kept node that was not kept: a schedule error
+            raise ScheduleError(f"backward stage {stage_of['t']} reads {n.name}, which forward node {fid} "
+                                f"({graph.fwd[fid].op}) does not keep")
+        if n.op == "placeholder":
+            permanent[n.name] = placeholder(n.name)
+            return permanent[n.name]
+        if is_alias(n):  # view of a primal, tangent or backward value
+            permanent[n.name] = body.node_copy(n, lookup)
+            return permanent[n.name]
+        raise ScheduleError(f"{n.name} is read before it is computed")
+
+    # forward values kept from the forward pass become placeholders
+    for i in schedule.saved:
+        available[i] = {v: placeholder(v) for v in graph.fwd[i].saved}
+
+    for t, stage in enumerate(schedule.stages):
+        stage_of["t"] = t
+        for i in stage.recompute:
+            fnode = graph.fwd[i]
+            if fnode.random:
+                raise ScheduleError(f"forward node {i} ({fnode.op}) draws random numbers and cannot be recomputed; "
+                                    "it must be kept")
+            env: dict[str, fx.Node] = {}
+            for name in fnode.fx_names:
+                copy = body.node_copy(nodes[name], lambda a: env[a.name] if a.name in env else lookup(a))
+                copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
+                env[name] = copy
+            available[i] = env
+        bnode = graph.bwd[stage.backward]
+        for name in bnode.fx_names:
+            copy = body.node_copy(nodes[name], lookup)
+            copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
+            permanent[name] = copy
+        for i in stage.release:
+            available.pop(i, None)
+
+    out = next(n for n in joint.graph.nodes if n.op == "output")
+    grads = list(out.args[0])[graph.num_fwd_outputs:]
+    body.output(tuple(lookup(g) if isinstance(g, fx.Node) else g for g in grads))
+    return body, saved
+
+
+def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward modules for AOTAutograd's runtime (``partition_fn``'s result).
+
+    The forward module computes the forward outputs and then returns the saved values (in the
+    order the backward module takes them, as AOTAutograd's calling convention requires: saved
+    values, then tangents).  The backward module is `emit_backward`'s graph.
+
+    Raises:
+        ScheduleError: see `emit_backward`.
+    """
+    from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
+    from torch._functorch.partitioners import (_extract_fwd_bwd_outputs, _extract_graph_with_inputs_outputs,
+                                               _is_primal, _is_tangent)
+
+    joint = graph.joint
+    nodes = _by_name(joint)
+    body, saved = emit_backward(graph, schedule)
+    # Buffers the forward mutates (BatchNorm's running statistics) are read again only by
+    # recomputed ops that use them to compute new statistics, which are dropped; AOTAutograd
+    # stashes such tensors without the version-counter check, at the end of the saved values.
+    unchecked = [s for s in saved if graph.primal_kinds.get(s) == "buffer"]
+    saved = [s for s in saved if s not in unchecked] + unchecked
+    fwd_outputs, _, fwd_descs, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=graph.num_fwd_outputs)
+    placeholders = list(joint.graph.find_nodes(op="placeholder"))
+    primals = [p for p in placeholders if _is_primal(p)]
+    tangents = [p for p in placeholders if _is_tangent(p)]
+    saved_nodes = [nodes[s] for s in saved]
+    fw_graph = _extract_graph_with_inputs_outputs(
+        joint.graph, primals, fwd_outputs + saved_nodes,
+        fwd_descs + [SavedForBackwardsAOTOutput(i) for i in range(len(saved_nodes))], "forward")
+    for n in fw_graph.find_nodes(op="placeholder"):
+        if n.name in unchecked:
+            n.meta["saved_tensor_with_no_vc_check"] = True
+    fw = fx.GraphModule(joint, fw_graph)
+
+    bw_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    ph = {n.name: n for n in body.nodes if n.op == "placeholder"}
+    for name in saved + [t.name for t in tangents]:
+        p = bw_graph.placeholder(name)
+        p.meta = dict(nodes[name].meta)
+        if name in ph:
+            env[ph[name]] = p
+    for n in body.nodes:
+        if n.op != "placeholder":
+            env[n] = bw_graph.node_copy(n, lambda a: env[a])
+    bw_graph.set_codegen(_BoxedCodeGen())
+    bw = fx.GraphModule(joint, bw_graph)
+    return fw, bw

@@ -1,0 +1,319 @@
+"""The `OpGraph`: forward and backward nodes of an AOTAutograd joint graph, with their tensor sizes.
+
+AOTAutograd traces a model's forward and backward into one ATen-level FX graph (the *joint* graph):
+placeholders ``primals_*`` (parameters, buffers, inputs) and ``tangents_*`` (gradients of the
+outputs), then the forward ops, then the backward ops, and one output node returning the forward
+outputs followed by the gradients.  This module turns that graph into the nodes the ILP reasons
+about (MONeT, Shah et al. ICLR 2021, Sec. 4):
+
+* a **forward node** is one ATen op of the forward pass (an ancestor of a forward output), with the
+  zero-cost nodes that hang off it folded in: ``getitem`` of its tuple, views, ``detach``, ``t``.
+* a **backward node** is one ATen op of the backward pass, in the order autograd ran it.
+* a **value** is one tensor storage: produced by a node (one per output of a multi-output op) and
+  aliased by the views of it.  Sizes come from the traced shapes and dtypes.
+
+Memory is counted per storage, exactly as the executor holds it: a storage is allocated when its
+producer runs and freed after the last use of any of its aliases (see `monet.simulate`).
+"""
+from __future__ import annotations
+
+import hashlib
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+PRIMAL = "primals"
+TANGENT = "tangents"
+
+
+def is_random(node: fx.Node) -> bool:
+    """True for ops that draw random numbers (dropout, rand, bernoulli ...): never recomputed."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def is_alias(node: fx.Node) -> bool:
+    """True for nodes whose output aliases an input: views, getitem, detach, _unsafe_view."""
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        if target.is_view:
+            return True
+        returns = target._schema.returns
+        return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    return False
+
+
+def _tensors(val) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in _tensors(v)]
+    return []
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of the storage behind a (fake or real) tensor, from its shape and dtype."""
+    try:
+        return int(t.untyped_storage().nbytes())
+    except Exception:  # noqa: BLE001 - tensors without a storage (sparse, nested): numel * itemsize
+        return int(t.numel() * t.element_size())
+
+
+def op_name(node: fx.Node) -> str:
+    """A readable operator name: ``aten.convolution.default``."""
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    return getattr(t, "__name__", str(t))
+
+
+@dataclass
+class Value:
+    """One tensor storage of the joint graph.
+
+    ``name`` is the FX node that owns it: the op node for a single-output op, the ``getitem`` node
+    for each output of a multi-output op, the placeholder for inputs.  ``nbytes`` in bytes.
+    """
+
+    name: str
+    nbytes: int
+    producer: str  # FX name of the op node that allocates it ("" for placeholders)
+
+
+@dataclass
+class Node:
+    """A forward or backward node: one ATen op and the zero-cost nodes folded into it.
+
+    ``fx_names`` are the joint graph's node names executed for this node, in graph order (the op,
+    its ``getitem`` nodes).  ``outputs`` are the FX names of the values it allocates; ``out_bytes``
+    their total in bytes.  ``fwd_inputs`` are the ids of the forward nodes whose values it reads
+    (through views too).  For a forward node, ``saved`` are the values a backward node or another
+    forward node reads (what must be kept or recomputed for the backward pass) and ``saved_bytes``
+    their size.
+    """
+
+    id: int
+    kind: str  # "fwd" or "bwd"
+    name: str
+    op: str
+    fx_names: list[str]
+    outputs: list[str]
+    out_bytes: int
+    fwd_inputs: tuple[int, ...]
+    random: bool = False
+    saved: list[str] = field(default_factory=list)
+    saved_bytes: int = 0
+
+
+@dataclass
+class OpGraph:
+    """Forward nodes in topological order and backward nodes in execution order.
+
+    Attributes:
+        fwd, bwd: the nodes (see `Node`); ``fwd[i].id == i``, ``bwd[t].id == t``.
+        values: every storage by FX name (see `Value`); ``alias_root`` maps each FX name to the
+            value whose storage it uses.
+        bwd_reads: for each backward node, the forward nodes it reads (``D(t)`` in MONeT).
+        param_bytes, buffer_bytes, input_bytes: bytes of the primals, by kind.
+        output_bytes: bytes of the forward outputs the caller receives (held during backward).
+        tangent_bytes: bytes of the gradients of those outputs (allocated by the caller).
+        fingerprint: SHA-256 over ops, shapes and dtypes (see `fingerprint`).
+        joint: the joint FX graph module (not pickled into solutions).
+        num_fwd_outputs: how many of the joint outputs belong to the forward.
+    """
+
+    fwd: list[Node]
+    bwd: list[Node]
+    values: dict[str, Value]
+    alias_root: dict[str, str]
+    primal_kinds: dict[str, str]
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    output_bytes: int
+    tangent_bytes: int
+    fingerprint: str
+    summary: list[str]
+    joint: fx.GraphModule | None = None
+    num_fwd_outputs: int = 0
+
+    @property
+    def bwd_reads(self) -> list[tuple[int, ...]]:
+        return [n.fwd_inputs for n in self.bwd]
+
+    def fwd_node_of(self) -> dict[str, int]:
+        """FX name -> forward node id, for every FX name folded into a forward node."""
+        return {name: n.id for n in self.fwd for name in n.fx_names}
+
+    def describe(self) -> str:
+        return (f"{len(self.fwd)} forward nodes, {len(self.bwd)} backward nodes, "
+                f"parameters {self.param_bytes / 2**20:.1f} MiB, fingerprint {self.fingerprint[:12]}")
+
+
+def fingerprint(lines: list[str]) -> str:
+    """SHA-256 of the graph summary: one line per op with its inputs, shapes and dtypes."""
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _summary_line(node: fx.Node, index: dict[str, int]) -> str:
+    def arg(a):
+        if isinstance(a, fx.Node):
+            return f"%{index[a.name]}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ",".join(arg(x) for x in a) + "]"
+        if isinstance(a, torch.device):
+            return "device"  # a solution may be made on one device and run on another
+        return repr(a)
+
+    val = node.meta.get("val")
+    shapes = ",".join(f"{tuple(t.shape)}:{str(t.dtype).replace('torch.', '')}" for t in _tensors(val))
+    args = ",".join(arg(a) for a in node.args)
+    kwargs = ",".join(f"{k}={arg(v)}" for k, v in sorted(node.kwargs.items()) if k != "device")
+    return f"{node.op} {op_name(node) if node.op == 'call_function' else node.target} ({args};{kwargs}) -> {shapes}"
+
+
+def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dict[str, str]) -> OpGraph:
+    """Turn an AOTAutograd joint graph into an `OpGraph`.
+
+    Args:
+        joint: the joint forward+backward graph (``partition_fn``'s first argument); every node
+            carries ``meta["val"]`` (fake tensors with shapes and dtypes).
+        num_fwd_outputs: number of forward outputs at the front of the joint output list.
+        primal_kinds: placeholder name -> "param" | "buffer" | "input".
+
+    Raises:
+        ValueError: if a node has no traced shape (``meta["val"]``), which the memory model needs.
+    """
+    graph = joint.graph
+    nodes = list(graph.nodes)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    out_node = next(n for n in nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    fwd_outs = [o for o in outs[:num_fwd_outputs] if isinstance(o, fx.Node)]
+
+    # Forward region: ancestors of the forward outputs that do not depend on tangents.
+    fwd_set: set[str] = set()
+    stack = list(fwd_outs)
+    while stack:
+        n = stack.pop()
+        if n.name in fwd_set or n.op == "placeholder":
+            continue
+        fwd_set.add(n.name)
+        stack.extend(a for a in n.all_input_nodes)
+
+    # Storage roots: every alias maps to the value that owns its storage.
+    alias_root: dict[str, str] = {}
+    values: dict[str, Value] = {}
+    for n in nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("val")
+            nbytes = sum(tensor_bytes(t) for t in _tensors(val))
+            alias_root[n.name] = n.name
+            values[n.name] = Value(n.name, nbytes, "")
+        elif n.op == "call_function":
+            if "val" not in n.meta:
+                raise ValueError(f"node {n.name} ({op_name(n)}) has no traced shape; cannot size its memory")
+            if n.target is operator.getitem:
+                parent = n.args[0]
+                if parent.name in values or not is_alias(parent):
+                    # getitem of a multi-output op: the output owns its storage
+                    if parent.name in values and parent.name in alias_root and alias_root[parent.name] != parent.name:
+                        alias_root[n.name] = alias_root[parent.name]
+                    else:
+                        alias_root[n.name] = n.name
+                        values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in _tensors(n.meta["val"])),
+                                               parent.name)
+                else:  # getitem of a list of views (split, unbind)
+                    alias_root[n.name] = alias_root[parent.name]
+            elif is_alias(n):
+                src = n.args[0]
+                alias_root[n.name] = alias_root[src.name] if isinstance(src, fx.Node) else n.name
+            else:
+                ts = _tensors(n.meta["val"])
+                multi = isinstance(n.meta["val"], (tuple, list))
+                alias_root[n.name] = n.name
+                if not multi:
+                    values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in ts), n.name)
+    # A multi-output op's tuple node has no storage of its own; its getitems do (created above).
+
+    def owner(n: fx.Node) -> fx.Node:
+        """The op node a (possibly folded) FX node belongs to."""
+        while n.op == "call_function" and is_alias(n):
+            src = n.args[0]
+            if not isinstance(src, fx.Node):
+                break
+            n = src
+        return n
+
+    summary = [_summary_line(n, index) for n in nodes]
+
+    # ---- forward nodes
+    fwd: list[Node] = []
+    fwd_id: dict[str, int] = {}  # op node name -> forward node id
+    for n in nodes:
+        if n.op != "call_function" or n.name not in fwd_set or is_alias(n):
+            continue
+        nid = len(fwd)
+        fwd_id[n.name] = nid
+        outputs = [v.name for v in values.values() if v.producer == n.name]
+        fwd.append(Node(nid, "fwd", n.name, op_name(n), [n.name], outputs,
+                        sum(values[o].nbytes for o in outputs), (), is_random(n)))
+    # a multi-output op's getitems run with it, wherever the joint graph placed them
+    by_name = {n.name: n for n in nodes}
+    for node in fwd:
+        node.fx_names += [u.name for u in by_name[node.name].users if u.target is operator.getitem]
+
+    def fwd_deps(n: fx.Node) -> tuple[int, ...]:
+        deps = set()
+        for a in n.all_input_nodes:
+            o = owner(a)
+            if o.name in fwd_id:
+                deps.add(fwd_id[o.name])
+        return tuple(sorted(deps))
+
+    for node in fwd:
+        node.fwd_inputs = fwd_deps(by_name[node.name])
+
+    # ---- backward nodes: every non-alias op outside the forward region, in graph order
+    bwd: list[Node] = []
+    for n in nodes:
+        if n.op != "call_function" or n.name in fwd_set or is_alias(n):
+            continue
+        outputs = [v.name for v in values.values() if v.producer == n.name]
+        getitems = [u.name for u in n.users if u.target is operator.getitem]
+        bwd.append(Node(len(bwd), "bwd", n.name, op_name(n), [n.name] + getitems, outputs,
+                        sum(values[o].nbytes for o in outputs), fwd_deps(n), is_random(n)))
+
+    # ---- what each forward node must provide to the backward pass
+    readers: dict[str, set[str]] = {}
+    for n in nodes:
+        if n.op != "call_function" or is_alias(n):
+            continue
+        for a in n.all_input_nodes:
+            root = alias_root.get(a.name)
+            if root is not None:
+                readers.setdefault(root, set()).add(n.name)
+    for node in fwd:
+        node.saved = [v for v in node.outputs if readers.get(v)]
+        node.saved_bytes = sum(values[v].nbytes for v in node.saved)
+
+    kinds = dict(primal_kinds)
+    def _bytes_of(kind):
+        return sum(values[p.name].nbytes for p in placeholders if kinds.get(p.name) == kind)
+    tangent_bytes = sum(values[p.name].nbytes for p in placeholders if p.name.startswith(TANGENT))
+    # The caller holds the outputs during the backward pass; each differentiable output has a
+    # tangent of its own shape, so their bytes agree (mutated buffers have no tangent).
+    output_bytes = tangent_bytes
+
+    return OpGraph(fwd=fwd, bwd=bwd, values=values, alias_root=alias_root, primal_kinds=kinds,
+                   param_bytes=_bytes_of("param"), buffer_bytes=_bytes_of("buffer"),
+                   input_bytes=_bytes_of("input"), output_bytes=output_bytes, tangent_bytes=tangent_bytes,
+                   fingerprint=fingerprint(summary), summary=summary, joint=joint,
+                   num_fwd_outputs=num_fwd_outputs)

@@ -1,0 +1,72 @@
+"""From the ILP's matrices to the explicit `Schedule`, and back.
+
+MONeT's variables (Shah et al., ICLR 2021, Sec. 4): ``S[t, i] = 1`` when the output of forward
+node ``i`` is in memory at the start of backward stage ``t``; ``R[t, i] = 1`` when node ``i`` is
+(re)computed in stage ``t``.  Stage 0 of the paper (the forward pass) computes everything, so here
+row ``t`` of S and R is backward stage ``t`` (0-based), both of shape (T, N).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from monet.graph import OpGraph
+from monet.solution import Schedule, Stage
+
+
+def needed_by_stage(graph: OpGraph) -> list[set[int]]:
+    """For each backward stage t, the forward nodes it reads directly (``D(t)``)."""
+    return [set(n.fwd_inputs) for n in graph.bwd]
+
+
+def ancestors(graph: OpGraph) -> list[set[int]]:
+    """For each forward node, all forward nodes it depends on (transitively)."""
+    anc: list[set[int]] = []
+    for n in graph.fwd:
+        s: set[int] = set()
+        for j in n.fwd_inputs:
+            s.add(j)
+            s |= anc[j]
+        anc.append(s)
+    return anc
+
+
+def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> Schedule:
+    """The `Schedule` of a solution: what to keep, recompute and release in each stage.
+
+    A node kept at the start of a stage is not recomputed in it; a node is released after a
+    stage when the next stage does not keep it (or after the last stage).  Only forward nodes
+    that a backward node or a recomputation reads are kept at all.
+
+    Args:
+        S, R: (T, N) 0/1 arrays (values within 1e-6 of 0 or 1 are rounded).
+    """
+    S = np.asarray(S) > 0.5
+    R = np.asarray(R) > 0.5
+    T, N = len(graph.bwd), len(graph.fwd)
+    if S.shape != (T, N) or R.shape != (T, N):
+        raise ValueError(f"S and R must have shape (T, N) = {(T, N)}; got {S.shape} and {R.shape}")
+    useful = np.array([n.saved_bytes > 0 for n in graph.fwd], dtype=bool)
+    saved = tuple(int(i) for i in np.flatnonzero(S[0] & useful))
+    kept = set(saved)
+    stages = []
+    for t in range(T):
+        rec = tuple(int(i) for i in np.flatnonzero(R[t]) if int(i) not in kept)
+        kept |= set(rec)
+        nxt = set(int(i) for i in np.flatnonzero(S[t + 1] & useful)) if t + 1 < T else set()
+        release = tuple(sorted(kept - nxt))
+        kept &= nxt
+        stages.append(Stage(backward=t, recompute=rec, release=release))
+    return Schedule(saved=saved, stages=stages)
+
+
+def matrices_from_schedule(graph: OpGraph, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """The (T, N) S and R matrices a `Schedule` corresponds to (inverse of the above)."""
+    T, N = len(graph.bwd), len(graph.fwd)
+    S = np.zeros((T, N), dtype=bool)
+    R = np.zeros((T, N), dtype=bool)
+    kept = set(schedule.saved)
+    for t, stage in enumerate(schedule.stages):
+        S[t, list(kept)] = True
+        R[t, list(stage.recompute)] = True
+        kept = (kept | set(stage.recompute)) - set(stage.release)
+    return S, R

@@ -1,0 +1,141 @@
+"""The memory simulator: replay the executor's forward and backward modules op by op.
+
+It reads the very FX modules `monet.executor.build_modules` hands to AOTAutograd, so its accounting
+follows what runs: each op allocates its outputs (bytes from the traced shapes and dtypes) plus its
+workspace for the duration of the op; a storage is freed after the last use of any of its aliases
+(FX frees a value after its last use; a view keeps its base alive); the backward module's inputs
+are freed the same way (boxed calling convention).  Constant bytes: parameters, buffers and the
+input for the whole iteration, the gradient of the outputs (allocated by the caller), and the
+outputs themselves, which the caller holds during the backward pass.
+
+Peak memory here is the quantity DESIGN.md measures: bytes allocated by tensors during one forward
+plus backward, after warm-up, with parameter gradients set to None beforehand.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.fx as fx
+
+from monet.graph import OpGraph, TANGENT, _tensors, is_alias, tensor_bytes
+
+
+@dataclass
+class SimResult:
+    """Simulated peak memory, in bytes.
+
+    ``peak_bytes`` over the whole iteration (constants included); ``fwd_peak_bytes`` and
+    ``bwd_peak_bytes`` per pass; ``constant_bytes`` = parameters + buffers + input + output
+    gradient; ``saved_bytes``: what the forward hands to the backward; ``peak_at``: the FX node
+    at the peak.
+    """
+
+    peak_bytes: int
+    fwd_peak_bytes: int
+    bwd_peak_bytes: int
+    constant_bytes: int
+    saved_bytes: int
+    peak_at: str
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    while node.op == "call_function" and is_alias(node) and node.target is not operator.getitem:
+        src = node.args[0]
+        if not isinstance(src, fx.Node):
+            break
+        node = src
+    if node.op == "call_function" and node.target is operator.getitem:
+        parent = node.args[0]
+        if is_alias(parent):  # an element of a list of views
+            return _storage_root(parent)
+    return node
+
+
+def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
+           live: dict[str, int]) -> tuple[int, str, dict[str, int]]:
+    """Replay one FX graph; return (peak of tracked bytes, node at the peak, bytes live at the end).
+
+    Args:
+        graph: the module's graph; nodes carry ``meta['val']``.
+        workspace: bytes of temporary memory an op needs while it runs.
+        held: storage roots never freed here (primals, tangents: owned by the caller).
+        live: storages live on entry (root name -> bytes), e.g. the saved tensors; updated.
+    """
+    nodes = list(graph.nodes)
+    pos = {n: k for k, n in enumerate(nodes)}
+    out = next(n for n in nodes if n.op == "output")
+    last: dict[str, int] = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            r = _storage_root(a).name
+            last[r] = max(last.get(r, -1), len(nodes) if n is out else pos[n])
+    peak, peak_at = sum(live.values()), "start"
+    for k, n in enumerate(nodes):
+        if n.op == "call_function" and not is_alias(n):
+            val = n.meta.get("val")
+            multi = isinstance(val, (tuple, list))
+            if multi:
+                getitems = {u.args[1]: u.name for u in n.users if u.target is operator.getitem}
+                outs = {getitems.get(j, f"{n.name}#{j}"): tensor_bytes(t) if t is not None else 0
+                        for j, t in enumerate(val) if isinstance(t, __import__("torch").Tensor)}
+            else:
+                outs = {n.name: sum(tensor_bytes(t) for t in _tensors(val))}
+            now = sum(live.values()) + sum(outs.values()) + max(0, int(workspace(n)))
+            if now > peak:
+                peak, peak_at = now, n.name
+            live.update(outs)
+            for name in outs:  # outputs nobody reads die with the op
+                if name not in last and name not in held:
+                    live.pop(name, None)
+        for r in [r for r, at in last.items() if at == k]:
+            if r not in held:
+                live.pop(r, None)
+    return peak, peak_at, live
+
+
+def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
+             fwd_workspace=None, bwd_workspace=None) -> SimResult:
+    """Simulated peak of one iteration of the executor's modules (bytes).
+
+    Args:
+        graph: the `OpGraph` the modules were built from.
+        fw, bw: `monet.executor.build_modules`'s result.
+        fwd_workspace, bwd_workspace: per-node workspace in bytes, indexed by forward / backward
+            node id (arrays of length N and T); None means zero.
+    """
+    fwd_id = {n.name: n.id for n in graph.fwd}
+    bwd_id = {n.name: n.id for n in graph.bwd}
+
+    def ws(n: fx.Node) -> int:
+        tag = n.meta.get("monet")
+        if tag is None:
+            if n.name in fwd_id and fwd_workspace is not None:
+                return int(fwd_workspace[fwd_id[n.name]])
+            if n.name in bwd_id and bwd_workspace is not None:
+                return int(bwd_workspace[bwd_id[n.name]])
+            return 0
+        kind, i = tag
+        if kind == "fwd" and fwd_workspace is not None:
+            return int(fwd_workspace[i])
+        if kind == "bwd" and bwd_workspace is not None:
+            return int(bwd_workspace[i])
+        return 0
+
+    constant = graph.param_bytes + graph.buffer_bytes + graph.input_bytes + graph.tangent_bytes
+    primals = {n.name for n in fw.graph.nodes if n.op == "placeholder"}
+    fwd_peak, fwd_at, _ = replay(fw.graph, ws, primals, {})
+
+    bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    held = {n.name for n in bw_inputs if n.name in primals or n.name.startswith(TANGENT)}
+    saved = {n.name: sum(tensor_bytes(t) for t in _tensors(n.meta.get("val"))) for n in bw_inputs
+             if n.name not in held}
+    saved_bytes = sum(saved.values())
+    bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved))
+    bwd_total = bwd_peak + graph.output_bytes
+    fwd_total = fwd_peak
+    peak = max(fwd_total, bwd_total)
+    return SimResult(peak_bytes=constant + peak, fwd_peak_bytes=constant + fwd_total,
+                     bwd_peak_bytes=constant + bwd_total, constant_bytes=constant, saved_bytes=saved_bytes,
+                     peak_at=fwd_at if fwd_total >= bwd_total else bwd_at)

@@ -1,0 +1,122 @@
+"""`MONeTWrapper`: train a model with a solved schedule, as a drop-in ``nn.Module``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from monet.capture import kinds_by_name, primal_kinds, trace_joint
+from monet.executor import build_modules
+from monet.graph import build_opgraph
+from monet.solution import Schedule, Solution, SolutionMismatchError, check_compatible, load_solution
+
+
+def _boxed_forward(gm, _example_inputs):
+    from functorch.compile import make_boxed_func
+    return make_boxed_func(gm.forward)
+
+
+def _boxed_backward(gm, _example_inputs):
+    return gm  # build_modules already gave it the boxed calling convention
+
+
+def scheduled_module(model: nn.Module, make_schedule, check=None) -> nn.Module:
+    """``model`` traced by AOTAutograd, its backward executed by a schedule.
+
+    Args:
+        make_schedule: called with the traced `OpGraph` on the first call, returns a `Schedule`.
+        check: optional, called with the `OpGraph` before that (raise to refuse the graph).
+    """
+    kinds = primal_kinds(model, 1)
+    holder = {}
+
+    def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
+        graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, kinds))
+        if check is not None:
+            check(graph)
+        schedule = make_schedule(graph)
+        fw, bw = build_modules(graph, schedule)
+        holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
+        return fw, bw
+
+    traced = trace_joint(model, None, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
+    traced.monet_compiled = holder
+    return traced
+
+
+class MONeTWrapper(nn.Module):
+    """Train ``model`` under a memory budget with a schedule from ``monet solve``.
+
+    ``MONeTWrapper(model, "solution.pkl", input_shape=(3, 224, 224))`` behaves like ``model``:
+    call it on a (B, *input_shape) batch, where B is the solution's batch size, then call
+    ``backward`` on the loss.  In training mode with gradients enabled the forward pass keeps only
+    what the schedule keeps and the backward pass recomputes the rest (MONeT, Shah et al.,
+    ICLR 2021); in eval mode or under ``torch.no_grad`` it runs ``model`` as it is.  Parameters,
+    buffers and ``state_dict`` are the original model's (same keys), so optimizers, ``.to()``,
+    checkpoints and DistributedDataParallel work as with the original.
+
+    Args:
+        model: the ``nn.Module`` the solution was made for.
+        solution: path of a solution file, ``"zoo:NAME"`` for a prebuilt one, or a `Solution`.
+        input_shape: shape of one sample without the batch dimension, e.g. (3, 224, 224).
+
+    Raises:
+        monet.solution.SolutionFileError: the file is missing, corrupt or not a monet solution.
+        monet.solution.SolutionMismatchError: (on construction) the input shape differs from the
+            solution's; (on the first call) the batch size, dtype or traced graph differs.
+    """
+
+    def __init__(self, model: nn.Module, solution, input_shape):
+        super().__init__()
+        if isinstance(solution, (str, Path)) and str(solution).startswith("zoo:"):
+            from monet.zoo.store import load_zoo_solution  # the zoo's schedules are solution files
+            solution = load_zoo_solution(str(solution)[4:])
+        elif not isinstance(solution, Solution):
+            solution = load_solution(solution)
+        self.solution = solution
+        self.input_shape = tuple(int(s) for s in input_shape)
+        if self.input_shape != solution.meta.input_shape:
+            check_compatible(solution.meta, solution.meta.fingerprint, solution.meta.graph_summary,
+                             batch_size=solution.meta.batch_size, input_shape=self.input_shape,
+                             dtype=solution.meta.dtype)
+        self.model = model
+        self._traced = None
+        self._traced_for = None
+
+    # state_dict and load_state_dict keep the original model's keys
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _check_graph(self, graph):
+        meta = self.solution.meta
+        check_compatible(meta, graph.fingerprint, graph.summary, batch_size=meta.batch_size,
+                         input_shape=meta.input_shape, dtype=meta.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return self.model(x)
+        meta = self.solution.meta
+        check_compatible(meta, meta.fingerprint, meta.graph_summary, batch_size=x.shape[0],
+                         input_shape=tuple(x.shape[1:]), dtype=str(x.dtype))
+        key = (x.device, x.dtype, tuple(x.shape), torch.is_autocast_enabled())
+        if self._traced is None or self._traced_for != key:
+            schedule: Schedule = self.solution.schedule
+            self._traced = scheduled_module(self.model, lambda g: schedule, check=self._check_graph)
+            self._traced_for = key
+        return self._traced(x)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._traced = None  # a new device or dtype: trace again on the next call
+        return super()._apply(fn, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        m = self.solution.meta
+        return (f"solution for {m.model or 'model'} batch {m.batch_size}, budget "
+                f"{m.budget_bytes / 2**30:.2f} GiB, predicted peak {m.predicted_peak_bytes / 2**30:.2f} GiB")
+
+
+__all__ = ["MONeTWrapper", "SolutionMismatchError", "scheduled_module"]

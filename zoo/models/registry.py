@@ -1,0 +1,230 @@
+"""The zoo's model names, how to build each model, and what input it takes.
+
+A MODEL string, as the command line and ``get_model`` accept it, is one of
+
+* a zoo name: a key of ``MODELS`` ("resnet50", "vgg16", "mobilenet_v2", "googlenet", "unet",
+  "gpt2-small");
+* MONeT's form ``"torchvision.models.<builder>(<keyword>=<literal>, ...)"``, for example
+  ``"torchvision.models.resnet50()"``. It is parsed, never evaluated: only keyword arguments whose
+  values are Python literals are allowed. torchvision is imported only for this form;
+* ``"path/to/file.py:factory"``: the file is loaded as a module and ``factory()`` is called.
+
+``example_input`` makes a deterministic input batch for any of them.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .googlenet import googlenet
+from .gpt2 import gpt2_small
+from .mobilenet import mobilenet_v2
+from .resnet import resnet50
+from .unet import unet
+from .vgg import vgg16
+
+__all__ = ["ModelSpec", "MODELS", "get_model", "example_input"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A zoo entry.
+
+    Attributes:
+        name: the zoo name.
+        factory: builds the model; keyword arguments are passed through (see each factory for the
+            scaling arguments that build small variants).
+        input_shape: shape of one sample, without the batch dimension.
+        input_kind: "image" (float values from a standard normal) or "tokens" (integer ids).
+        num_params: parameters of the default model (tied weights counted once).
+        vocab_size: for "tokens", ids are drawn from ``[0, vocab_size)``.
+        description: one line for listings.
+    """
+
+    name: str
+    factory: Callable[..., nn.Module]
+    input_shape: tuple[int, ...]
+    input_kind: Literal["image", "tokens"]
+    num_params: int
+    vocab_size: int | None = None
+    description: str = ""
+
+
+_IMAGENET = (3, 224, 224)
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("resnet50", resnet50, _IMAGENET, "image", 25_557_032,
+                  description="ResNet-50, torchvision layout"),
+        ModelSpec("vgg16", vgg16, _IMAGENET, "image", 138_357_544,
+                  description="VGG-16 without BatchNorm, torchvision layout"),
+        ModelSpec("mobilenet_v2", mobilenet_v2, _IMAGENET, "image", 3_504_872,
+                  description="MobileNetV2, torchvision layout"),
+        ModelSpec("googlenet", googlenet, _IMAGENET, "image", 6_624_904,
+                  description="GoogLeNet, torchvision layout without auxiliary heads"),
+        # MONeT solved its UNet at 3x416x608 (utsaslab/MONeT, monet/cvxpy_solver.py).
+        ModelSpec("unet", unet, (3, 416, 608), "image", 31_037_698,
+                  description="U-Net (milesial, transposed-conv upsampling), 2 classes"),
+        ModelSpec("gpt2-small", gpt2_small, (1024,), "tokens", 124_439_808, vocab_size=50257,
+                  description="GPT-2 small, 1024 tokens, tied LM head"),
+    )
+}
+
+_TORCHVISION_FORM = re.compile(r"^\s*torchvision\.models\.([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.DOTALL)
+
+
+def _zoo_names() -> str:
+    return ", ".join(MODELS)
+
+
+def _parse_torchvision_kwargs(arguments: str, text: str) -> dict[str, Any]:
+    """Read ``k=literal, ...`` without evaluating anything; reject every other argument form."""
+    try:
+        call = ast.parse(f"f({arguments})", mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"cannot parse the arguments of {text!r}: {exc.msg}") from None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        raise ValueError(f"{text!r} is not a single call 'torchvision.models.<builder>(...)'")
+    if call.args:
+        raise ValueError(f"{text!r}: torchvision builders take keyword arguments only")
+    kwargs: dict[str, Any] = {}
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            raise ValueError(f"{text!r}: '**' arguments are not allowed")
+        try:
+            kwargs[keyword.arg] = ast.literal_eval(keyword.value)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            raise ValueError(
+                f"{text!r}: the value of {keyword.arg!r} must be a literal (number, string, "
+                "True/False/None, tuple, list or dict of literals)"
+            ) from None
+    return kwargs
+
+
+def _torchvision_model(builder: str, kwargs: dict[str, Any]) -> nn.Module:
+    """Build ``torchvision.models.<builder>(**kwargs)``, importing torchvision only now."""
+    if builder in MODELS:
+        hint = f"use the zoo name {builder!r}"
+    else:
+        hint = f"use a zoo name ({_zoo_names()}) or 'path/to/file.py:factory'"
+    try:
+        torchvision = importlib.import_module("torchvision")
+    except Exception as exc:  # a broken install raises more than ImportError
+        raise ImportError(
+            f"torchvision is not importable here ({type(exc).__name__}: {exc}); {hint}"
+        ) from exc
+    factory = getattr(getattr(torchvision, "models", None), builder, None)
+    if not callable(factory):
+        raise ValueError(f"torchvision.models has no builder {builder!r}; {hint}")
+    return factory(**kwargs)
+
+
+def _file_model(path_text: str, factory_name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """Load ``path_text`` as a module and call its ``factory_name(**kwargs)``."""
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    if not factory_name.isidentifier():
+        raise ValueError(f"{factory_name!r} in '{path_text}:{factory_name}' is not a Python name")
+    module_name = f"_monet_user_model_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # lets dataclasses and pickling in the file find it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ValueError(f"{path} defines no callable {factory_name!r}")
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{path_text}:{factory_name}() returned {type(model).__name__}, "
+                        "not a torch.nn.Module")
+    return model
+
+
+def get_model(name: str, **kwargs: Any) -> nn.Module:
+    """Build the model a MODEL string names (see the module docstring for the three forms).
+
+    Keyword arguments go to the factory: for zoo names they select small variants, for example
+    ``get_model("gpt2-small", n_layer=2, n_embd=64, n_head=2)``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the zoo) or a malformed string.
+        ImportError: the torchvision form where torchvision cannot be imported.
+        FileNotFoundError: the file form with a missing file.
+    """
+    text = name.strip()
+    if text in MODELS:
+        return MODELS[text].factory(**kwargs)
+    match = _TORCHVISION_FORM.match(text)
+    if match:
+        builder, arguments = match.groups()
+        parsed = _parse_torchvision_kwargs(arguments, text)
+        return _torchvision_model(builder, {**parsed, **kwargs})
+    path_text, sep, factory_name = text.rpartition(":")
+    if sep and path_text.endswith(".py"):
+        return _file_model(path_text, factory_name, kwargs)
+    raise ValueError(
+        f"unknown model {name!r}: expected a zoo name ({_zoo_names()}), "
+        "'torchvision.models.<builder>()' or 'path/to/file.py:factory'"
+    )
+
+
+def example_input(
+    name_or_model_spec: str | ModelSpec,
+    batch_size: int,
+    input_shape: tuple[int, ...] | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """A deterministic input batch of shape ``(batch_size, *input_shape)``.
+
+    For zoo models ``input_shape`` defaults to the entry's, and the entry's ``input_kind`` decides
+    the values: "image" gives standard-normal floats (``dtype`` defaults to float32), "tokens" gives
+    ids in ``[0, vocab_size)`` (``dtype`` defaults to torch.long and must be an integer type;
+    ``vocab_size`` defaults to the entry's, pass a smaller one for a small variant). Any other MODEL
+    string gets standard-normal floats and needs ``input_shape``. The same arguments give the same
+    tensor on every call (a private generator seeded with ``seed``; the global RNG is untouched).
+    """
+    if isinstance(name_or_model_spec, ModelSpec):
+        spec: ModelSpec | None = name_or_model_spec
+    else:
+        spec = MODELS.get(name_or_model_spec.strip())
+    if input_shape is None:
+        if spec is None:
+            raise ValueError(f"{name_or_model_spec!r} is not a zoo model: pass input_shape")
+        input_shape = spec.input_shape
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    shape = (batch_size, *input_shape)
+    generator = torch.Generator().manual_seed(seed)
+    if spec is not None and spec.input_kind == "tokens":
+        dtype = torch.long if dtype is None else dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise ValueError(
+                f"{spec.name} takes token ids: dtype must be an integer type, got {dtype}"
+            )
+        high = vocab_size if vocab_size is not None else spec.vocab_size
+        tensor = torch.randint(0, high, shape, generator=generator, dtype=dtype)
+    else:
+        tensor = torch.randn(shape, generator=generator, dtype=dtype or torch.float32)
+    return tensor if device is None else tensor.to(device)
