@@ -31,13 +31,14 @@ def _by_name(joint: fx.GraphModule) -> dict[str, fx.Node]:
     return {n.name: n for n in joint.graph.nodes}
 
 
-def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str]]:
+def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """Build the backward FX graph of `schedule` and list the forward tensors it needs saved.
 
     Returns:
-        (body, saved): ``body`` has one placeholder per name in ``saved`` plus the tangents, in
-        the order they were first needed; ``saved`` are joint-graph names of the values the
-        forward must hand over (kept forward values and the primals the backward reads).
+        (body, saved, placeholders): ``body`` has one placeholder per name in ``saved`` plus the
+        tangents it reads, in the order they were first needed; ``saved`` are joint-graph names of
+        the values the forward must hand over (kept forward values and the primals the backward
+        reads); ``placeholders`` maps those joint names to the body's placeholder nodes.
 
     Raises:
         ScheduleError: a stage reads a value the schedule neither keeps nor recomputes, or the
@@ -82,6 +83,10 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
                     f"but the schedule neither keeps nor recomputes it")
             if n.name in env:
                 return env[n.name]
+            if fid in kept_from_forward and n.name in graph.fwd[fid].saved:
+                # a kept value: saved by the forward only if some stage reads it
+                env[n.name] = placeholder(n.name)
+                return env[n.name]
             if is_alias(n):  # a view of a kept value: recreate it (no memory)
                 env[n.name] = body.node_copy(n, lookup)
                 return env[n.name]
@@ -96,9 +101,10 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             return permanent[n.name]
         raise ScheduleError(f"{n.name} is read before it is computed")
 
-    # forward values kept from the forward pass become placeholders
+    # forward values kept from the forward pass become placeholders when first read
+    kept_from_forward = set(schedule.saved)
     for i in schedule.saved:
-        available[i] = {v: placeholder(v) for v in graph.fwd[i].saved}
+        available[i] = {}
 
     for t, stage in enumerate(schedule.stages):
         stage_of["t"] = t
@@ -113,6 +119,7 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
                 copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
                 env[name] = copy
             available[i] = env
+            kept_from_forward.discard(i)
         bnode = graph.bwd[stage.backward]
         for name in bnode.fx_names:
             copy = body.node_copy(nodes[name], lookup)
@@ -120,11 +127,12 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             permanent[name] = copy
         for i in stage.release:
             available.pop(i, None)
+            kept_from_forward.discard(i)
 
     out = next(n for n in joint.graph.nodes if n.op == "output")
     grads = list(out.args[0])[graph.num_fwd_outputs:]
     body.output(tuple(lookup(g) if isinstance(g, fx.Node) else g for g in grads))
-    return body, saved
+    return body, saved, placeholders
 
 
 def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -143,7 +151,7 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
 
     joint = graph.joint
     nodes = _by_name(joint)
-    body, saved = emit_backward(graph, schedule)
+    body, saved, ph = emit_backward(graph, schedule)
     # Buffers the forward mutates (BatchNorm's running statistics) are read again only by
     # recomputed ops that use them to compute new statistics, which are dropped; AOTAutograd
     # stashes such tensors without the version-counter check, at the end of the saved values.
@@ -164,7 +172,6 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
 
     bw_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    ph = {n.name: n for n in body.nodes if n.op == "placeholder"}
     for name in saved + [t.name for t in tangents]:
         p = bw_graph.placeholder(name)
         p.meta = dict(nodes[name].meta)

@@ -93,9 +93,9 @@ class Node:
     ``fx_names`` are the joint graph's node names executed for this node, in graph order (the op,
     its ``getitem`` nodes).  ``outputs`` are the FX names of the values it allocates; ``out_bytes``
     their total in bytes.  ``fwd_inputs`` are the ids of the forward nodes whose values it reads
-    (through views too).  For a forward node, ``saved`` are the values a backward node or another
-    forward node reads (what must be kept or recomputed for the backward pass) and ``saved_bytes``
-    their size.
+    (through views too), ``reads`` the values themselves.  For a forward node, ``saved`` are the
+    values a backward node or another forward node reads (what must be kept or recomputed for the
+    backward pass), ``saved_bytes`` their size, and ``bwd_read`` those a backward node reads.
     """
 
     id: int
@@ -109,6 +109,8 @@ class Node:
     random: bool = False
     saved: list[str] = field(default_factory=list)
     saved_bytes: int = 0
+    reads: tuple[str, ...] = ()  # forward values (storage roots) this node reads
+    bwd_read: list[str] = field(default_factory=list)  # saved values some backward node reads
 
 
 @dataclass
@@ -300,9 +302,15 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
             root = alias_root.get(a.name)
             if root is not None:
                 readers.setdefault(root, set()).add(n.name)
+    bwd_names = {n.name for n in bwd}
+    fwd_values = {v for n in fwd for v in n.outputs}
+    for node in fwd + bwd:
+        node.reads = tuple(sorted({alias_root[a.name] for a in by_name[node.name].all_input_nodes
+                                   if alias_root.get(a.name) in fwd_values}))
     for node in fwd:
         node.saved = [v for v in node.outputs if readers.get(v)]
         node.saved_bytes = sum(values[v].nbytes for v in node.saved)
+        node.bwd_read = [v for v in node.saved if readers[v] & bwd_names]
 
     kinds = dict(primal_kinds)
     def _bytes_of(kind):

@@ -33,9 +33,11 @@ def ancestors(graph: OpGraph) -> list[set[int]]:
 def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> Schedule:
     """The `Schedule` of a solution: what to keep, recompute and release in each stage.
 
-    A node kept at the start of a stage is not recomputed in it; a node is released after a
-    stage when the next stage does not keep it (or after the last stage).  Only forward nodes
-    that a backward node or a recomputation reads are kept at all.
+    A node is recomputed where R says so, even if some of its values are kept (the ILP keeps a
+    node's values read by backward nodes and those read only by recomputations separately); a
+    node is released after a stage when the next stage keeps none of its values (or after the last
+    stage).  Only forward nodes that a backward node or a recomputation reads are kept at all; the
+    executor saves a kept value only if a stage reads it.
 
     Args:
         S, R: (T, N) 0/1 arrays (values within 1e-6 of 0 or 1 are rounded).
@@ -50,7 +52,7 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> Sche
     kept = set(saved)
     stages = []
     for t in range(T):
-        rec = tuple(int(i) for i in np.flatnonzero(R[t]) if int(i) not in kept)
+        rec = tuple(int(i) for i in np.flatnonzero(R[t]))
         kept |= set(rec)
         nxt = set(int(i) for i in np.flatnonzero(S[t + 1] & useful)) if t + 1 < T else set()
         release = tuple(sorted(kept - nxt))

@@ -32,6 +32,7 @@ import scipy.sparse as sp
 from monet.graph import OpGraph
 from monet.schedule import ancestors
 from monet.solver.memory_model import MemoryModel
+from monet.solver.repair import candidate_keeps, repair, round_and_repair
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 
@@ -57,7 +58,7 @@ class InfeasibleBudgetError(ValueError):
 class ILPResult:
     """The solver's answer. Times in seconds, matrices (T, N) bool."""
 
-    S: np.ndarray
+    S: np.ndarray  # (T, N): node kept (any of its groups) at the start of stage t
     R: np.ndarray
     objective_s: float  # recomputation time + constant forward and backward time
     bound_s: float | None
@@ -71,120 +72,131 @@ class ILPResult:
 
 
 class _Problem:
-    """Variables and constraints shared by the time-minimising and the budget-minimising ILPs."""
+    """Variables and constraints shared by the time-minimising and the budget-minimising ILPs.
 
-    def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str):
+    R is (T, N) over forward nodes; S is (T, G) over the memory model's groups (a node's values
+    read by backward nodes, and those read only by recomputations).
+    """
+
+    def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False):
         t0 = time.perf_counter()
-        N, T = len(graph.fwd), len(graph.bwd)
-        self.N, self.T, self.mode = N, T, mode
+        N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
+        self.N, self.T, self.G, self.mode = N, T, G, mode
+        gnode = mem.group_node
         anc = ancestors(graph)
-        need = np.zeros((T, N), dtype=bool)  # stage t may need node i
-        reads = np.zeros((T, N), dtype=bool)
+        need = np.zeros((T, N), dtype=bool)  # stage t may need node i (read, or an ancestor of a read)
+        reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g
         for t, node in enumerate(graph.bwd):
+            for v in node.reads:
+                reads[t, mem.group_of[v]] = True
             for i in node.fwd_inputs:
-                reads[t, i] = True
                 need[t, i] = True
                 need[t, list(anc[i])] = True
         random = np.array([n.random for n in graph.fwd], dtype=bool)
         useful = np.array([n.saved_bytes > 0 for n in graph.fwd], dtype=bool)
         need &= useful[None, :]
-        if mode == "none":  # plain PyTorch: keep everything, recompute nothing
-            allow_r = np.zeros((T, N), dtype=bool)
-        else:
-            allow_r = need & ~random[None, :]
-        # S[t, i] can matter only if a stage from t on needs i
-        later = np.flip(np.logical_or.accumulate(np.flip(need, axis=0), axis=0), axis=0)
-        allow_s = later
+        allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need & ~random[None, :]
+        # forward edges at group level: node j reads group g
+        edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
+        eg = np.array([e[0] for e in edges], dtype=int)
+        ej = np.array([e[1] for e in edges], dtype=int)
+        need_g = reads.copy()
+        if len(edges):
+            tt, ee = np.nonzero(allow_r[:, ej])
+            need_g[tt, eg[ee]] = True
+        # S[t, g] can matter only if a stage from t on needs g
+        allow_s = np.flip(np.logical_or.accumulate(np.flip(need_g, axis=0), axis=0), axis=0)
         self.reads, self.allow_r, self.allow_s = reads, allow_r, allow_s
 
         r_idx = np.flatnonzero(allow_r.ravel())
         s_idx = np.flatnonzero(allow_s.ravel())
         self.r_idx, self.s_idx = r_idx, s_idx
-        self.r = cp.Variable(len(r_idx), boolean=True, name="R") if len(r_idx) else None
-        self.s = cp.Variable(len(s_idx), boolean=True, name="S") if len(s_idx) else None
-        TN = T * N
+        kind = {"bounds": [0, 1]} if relax else {"boolean": True}  # relax: the LP relaxation
+        self.r = cp.Variable(len(r_idx), name="R", **kind) if len(r_idx) else None
+        self.s = cp.Variable(len(s_idx), name="S", **kind) if len(s_idx) else None
+        TN, TG = T * N, T * G
         PR = sp.csr_matrix((np.ones(len(r_idx)), (r_idx, np.arange(len(r_idx)))), shape=(TN, max(len(r_idx), 1)))
-        PS = sp.csr_matrix((np.ones(len(s_idx)), (s_idx, np.arange(len(s_idx)))), shape=(TN, max(len(s_idx), 1)))
+        PS = sp.csr_matrix((np.ones(len(s_idx)), (s_idx, np.arange(len(s_idx)))), shape=(TG, max(len(s_idx), 1)))
+        Rf = PR @ self.r if self.r is not None else np.zeros(TN)
+        Sf = PS @ self.s if self.s is not None else np.zeros(TG)
 
-        def flat(P, v):
-            return P @ v if v is not None else np.zeros(TN)
+        def sel(idx, width, weights=None):
+            """Sparse (len(idx), width) matrix picking entries idx of a flat vector."""
+            w = np.ones(len(idx)) if weights is None else weights
+            return sp.csr_matrix((w, (np.arange(len(idx)), idx)), shape=(len(idx), width))
 
-        Rf, Sf = flat(PR, self.r), flat(PS, self.s)
         cons = []
-
-        def rows(mask2d):
-            idx = np.flatnonzero(mask2d.ravel())
-            return sp.csr_matrix((np.ones(len(idx)), (np.arange(len(idx)), idx)), shape=(len(idx), TN)), len(idx)
-
-        # 1. backward node t reads D(t): kept or recomputed
-        E, k = rows(reads)
-        if k:
-            cons.append(E @ Rf + E @ Sf >= 1)
-        # 2. keep only what was there: S[t+1, i] <= S[t, i] + R[t, i]
-        if T > 1:
-            nxt = np.zeros((T, N), dtype=bool)
-            nxt[1:] = allow_s[1:]
-            idx = np.flatnonzero(nxt.ravel())
-            if len(idx):
-                A1 = sp.csr_matrix((np.ones(len(idx)), (np.arange(len(idx)), idx)), shape=(len(idx), TN))
-                A0 = sp.csr_matrix((np.ones(len(idx)), (np.arange(len(idx)), idx - N)), shape=(len(idx), TN))
-                cons.append(A1 @ Sf <= A0 @ Sf + A0 @ Rf)
-        # 3. a recomputed node's inputs are there: R[t, j] <= R[t, i] + S[t, i] for edges i -> j
-        edges = [(i, n.id) for n in graph.fwd for i in n.fwd_inputs]
-        if edges and self.r is not None:
-            ei = np.array([e[0] for e in edges])
-            ej = np.array([e[1] for e in edges])
-            tt, ee = np.nonzero(allow_r[:, ej])  # stage, edge index where the consumer may be recomputed
+        # 1. backward node t reads group g: kept, or its node recomputed in the stage
+        tt, gg = np.nonzero(reads)
+        if len(tt):
+            cons.append(sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf >= 1)
+        # 2. keep only what was there: S[t+1, g] <= S[t, g] + R[t, node(g)]
+        tt, gg = np.nonzero(allow_s[1:])
+        if len(tt):
+            cons.append(sel((tt + 1) * G + gg, TG) @ Sf <= sel(tt * G + gg, TG) @ Sf + sel(tt * N + gnode[gg], TN) @ Rf)
+        # 3. a recomputed node's inputs are there: R[t, j] <= R[t, node(g)] + S[t, g]
+        if len(edges) and self.r is not None:
+            tt, ee = np.nonzero(allow_r[:, ej])
             if len(tt):
-                src = tt * N + ei[ee]
-                dst = tt * N + ej[ee]
-                m = len(tt)
-                Aj = sp.csr_matrix((np.ones(m), (np.arange(m), dst)), shape=(m, TN))
-                Ai = sp.csr_matrix((np.ones(m), (np.arange(m), src)), shape=(m, TN))
-                cons.append(Aj @ Rf <= Ai @ Rf + Ai @ Sf)
-        # 4. memory
-        self.budget = cp.Parameter(nonneg=True, name="budget")
-        self.budget_var = cp.Variable(nonneg=True, name="budget_var")
-        self.mem = mem
-        s0 = Sf[:N] if self.s is not None else np.zeros(N)
-        self.fwd_mem = mem.fwd_const + mem.fwd_keep @ s0 if self.s is not None else mem.fwd_const
-        # backward: per-stage rows of saved_bytes and out_bytes
-        tt = np.repeat(np.arange(T), N)
-        col = np.arange(TN)
-        MS = sp.csr_matrix((np.tile(mem.saved_bytes, T), (tt, col)), shape=(T, TN))
-        MR = sp.csr_matrix((np.tile(mem.out_bytes, T), (tt, col)), shape=(T, TN))
-        # workspace of a recomputation larger than the stage's own backward needs: W[t] >= ws_i R[t, i]
+                cons.append(sel(tt * N + ej[ee], TN) @ Rf
+                            <= sel(tt * N + gnode[eg[ee]], TN) @ Rf + sel(tt * G + eg[ee], TG) @ Sf)
+        # 4. memory, in units of `scale` bytes so that coefficients are near 1 (byte counts of 1e9
+        # next to 0/1 variables make the LP badly conditioned: slow and inaccurate)
+        self.scale = scale = float(max(mem.bwd_const.max(), mem.fwd_const.max(), 1.0))
+        self.budget_var = cp.Variable(nonneg=True, name="budget")
+        self.fwd_mem = (mem.fwd_const + sp.csr_matrix(mem.fwd_keep) @ Sf[:G]) / scale if self.s is not None \
+            else mem.fwd_const / scale
+        MS = sp.csr_matrix((np.tile(mem.saved_bytes, T) / scale, (np.repeat(np.arange(T), G), np.arange(TG))),
+                           shape=(T, TG))
+        MR = sp.csr_matrix((np.tile(mem.out_bytes, T) / scale, (np.repeat(np.arange(T), N), np.arange(TN))),
+                           shape=(T, TN))
+        # a recomputation's workspace larger than the stage's own backward node needs: W[t] >= ws_i R[t, i]
         big = allow_r & (mem.fwd_workspace[None, :] > mem.bwd_extra[:, None])
-        extra = mem.bwd_extra
-        self.W = None
+        base = mem.bwd_const / scale
         if big.any():
-            self.W = cp.Variable(T, nonneg=True, name="W")
+            W = cp.Variable(T, nonneg=True, name="W")
             bt, bi = np.nonzero(big)
-            m = len(bt)
-            Ab = sp.csr_matrix((mem.fwd_workspace[bi], (np.arange(m), bt * N + bi)), shape=(m, TN))
-            Bt = sp.csr_matrix((np.ones(m), (np.arange(m), bt)), shape=(m, T))
-            cons.append(Bt @ self.W >= Ab @ Rf)
-            cons.append(self.W >= extra)
-            self.bwd_mem = mem.bwd_const + MS @ Sf + MR @ Rf + self.W
+            Bt = sp.csr_matrix((np.ones(len(bt)), (np.arange(len(bt)), bt)), shape=(len(bt), T))
+            cons.append(Bt @ W >= sel(bt * N + bi, TN, mem.fwd_workspace[bi] / scale) @ Rf)
+            cons.append(W >= mem.bwd_extra / scale)
+            self.bwd_mem = base + MS @ Sf + MR @ Rf + W
         else:
-            self.bwd_mem = mem.bwd_const + extra + MS @ Sf + MR @ Rf
+            self.bwd_mem = base + mem.bwd_extra / scale + MS @ Sf + MR @ Rf
         self.cons = cons
         self.recompute_cost = np.tile(np.asarray(recompute_s, dtype=float), T)
-        self.Rf = Rf
         self.build_time_s = time.perf_counter() - t0
 
     def memory_constraints(self, limit):
+        """Peak <= limit; ``limit`` in bytes (a number) or a variable in units of ``scale`` bytes."""
+        if isinstance(limit, (int, float)):
+            limit = limit / self.scale
         return [self.fwd_mem <= limit, self.bwd_mem <= limit]
 
     def matrices(self) -> tuple[np.ndarray, np.ndarray]:
-        T, N = self.T, self.N
-        S = np.zeros(T * N, dtype=bool)
+        """(S (T, G), R (T, N)) as bool arrays from the solver's values."""
+        T, N, G = self.T, self.N, self.G
+        S = np.zeros(T * G, dtype=bool)
         R = np.zeros(T * N, dtype=bool)
         if self.s is not None:
-            S[self.s_idx] = np.asarray(self.s.value).round() > 0.5
+            S[self.s_idx] = np.asarray(self.s.value) > 0.5
         if self.r is not None:
-            R[self.r_idx] = np.asarray(self.r.value).round() > 0.5
-        return S.reshape(T, N), R.reshape(T, N)
+            R[self.r_idx] = np.asarray(self.r.value) > 0.5
+        return S.reshape(T, G), R.reshape(T, N)
+
+    def integral(self) -> bool:
+        """True when the solver's values exist and are 0/1 (a time-limited CBC may return a fractional point)."""
+        for v in (self.r, self.s):
+            if v is not None and (v.value is None or np.max(np.abs(v.value - np.round(v.value)), initial=0) > 1e-4):
+                return False
+        return True
+
+    def fractional_s(self) -> np.ndarray | None:
+        """(T, G) fractional S from the solver's values, or None."""
+        if self.s is None or self.s.value is None:
+            return None
+        out = np.zeros(self.T * self.G)
+        out[self.s_idx] = np.clip(self.s.value, 0, 1)
+        return out.reshape(self.T, self.G)
 
     def time_objective(self):
         if self.r is None:
@@ -211,11 +223,13 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool) -
     return time.perf_counter() - t0
 
 
-def _lp_bound(prob_vars, objective, constraints) -> float | None:
-    """Optimal value of the LP relaxation: a lower bound on the ILP's optimum (None if unsolved)."""
-    relaxed = cp.Problem(cp.Minimize(objective), constraints + [v <= 1 for v in prob_vars] + [v >= 0 for v in prob_vars])
+def lp_bound(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str,
+             time_limit: float) -> float | None:
+    """Optimal recomputation time of the LP relaxation (seconds): a lower bound on the ILP's optimum."""
+    P = _Problem(graph, mem, recompute_s, mode, relax=True)
+    relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
     try:
-        relaxed.solve(solver=cp.HIGHS) if "HIGHS" in cp.installed_solvers() else relaxed.solve()
+        relaxed.solve(solver=cp.HIGHS, time_limit=float(time_limit))
     except cp.error.SolverError:
         return None
     return float(relaxed.value) if relaxed.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) else None
@@ -229,14 +243,18 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     False when the time limit stopped the solver, so a smaller budget may still be feasible.
     """
     P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
-    b = P.budget_var
+    b = P.budget_var  # in units of P.scale bytes
     problem = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     _solve(problem, solver, time_limit, verbose)
-    if b.value is None:
-        raise RuntimeError(f"the solver found no schedule within {time_limit:.0f} s; raise --time-limit")
-    S, R = P.matrices()
-    # the value of the rounded schedule, which the budget must allow
-    return int(np.ceil(mem.peak(S, R))), problem.status == cp.OPTIMAL
+    if P.integral():
+        S, R = P.matrices()
+        peak = mem.peak(S, R)
+    else:  # no integer schedule yet: round the fractional point, repair, keep the smallest peak
+        peak = min(mem.peak(*repair(graph, mem, keep, P.allow_s))
+                   for keep in candidate_keeps(mem, P.fractional_s(), P.T))
+    # plus a margin above the solvers' feasibility tolerance (1e-6 of the scale), so that solving
+    # at the returned budget finds this schedule feasible again
+    return int(np.ceil(peak + 1e-5 * P.scale)), problem.status == cp.OPTIMAL and P.integral()
 
 
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
@@ -260,7 +278,8 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         raise ValueError(f"mode {mode!r} is not available yet; choose 'none' or 'normal'")
     P = _Problem(graph, mem, recompute_s, mode)
     objective = P.time_objective()
-    cons = P.cons + P.memory_constraints(float(budget))
+    # 1e-6 below the budget: solvers accept violations up to their tolerance
+    cons = P.cons + P.memory_constraints(float(budget) - 1e-6 * P.scale)
     problem = cp.Problem(cp.Minimize(objective), cons)
     n_vars = sum(v.size for v in problem.variables())
     n_cons = sum(c.size for c in problem.constraints)
@@ -271,20 +290,30 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         if status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE):
             least, proven = solve_min_budget(graph, mem, mode, solver, time_limit, verbose)
             raise InfeasibleBudgetError(int(budget), least, mode, exact=proven)
-    if (P.r is not None and P.r.value is None) or (P.s is not None and P.s.value is None):
-        raise RuntimeError(f"the solver ({solver}) found no schedule within {time_limit:.0f} s "
-                           f"(status {status}); raise --time-limit or the budget")
-    S, R = P.matrices()
+    solver_name = solver.upper()
+    if P.integral():
+        S, R = P.matrices()
+    else:
+        # CBC stopped by its time limit reports OPTIMAL_INACCURATE through cvxpy and may hand back
+        # a fractional point: round it and repair (solver.repair); refuse if nothing fits
+        best = round_and_repair(graph, mem, P.fractional_s(), P.allow_s, float(budget), recompute_s)
+        if best is None:
+            raise RuntimeError(f"the solver ({solver}) found no schedule within {time_limit:.0f} s "
+                               f"(status {status}); raise --time-limit, the budget, or try --solver HIGHS")
+        S, R, _ = best
+        solver_name += "+repair"
+        status = "time_limit"
     if mode == "none":
         S = S | P.allow_s
+    S = mem.group_to_node(S)
     obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s
     optimal = status == cp.OPTIMAL
     bound = obj if optimal else None
     if not optimal:
-        lp = _lp_bound([v for v in (P.r, P.s, P.W) if v is not None and v is not P.W], objective, cons)
+        lp = lp_bound(graph, mem, recompute_s, budget, mode, time_limit)
         bound = None if lp is None else lp + constant_s
     gap = 0.0 if optimal else (None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0)
     return ILPResult(S=S, R=R, objective_s=obj, bound_s=bound, gap=gap,
                      status="optimal" if optimal else "time_limit", solve_time_s=t_solve,
                      build_time_s=P.build_time_s, n_variables=int(n_vars), n_constraints=int(n_cons),
-                     solver=solver.upper())
+                     solver=solver_name)

@@ -1,0 +1,856 @@
+"""The ``monet`` command line: solve, check, profile, demo, zoo.
+
+Every command writes its progress to stderr and its results to stdout.  With ``--json`` the last line of
+stdout is one JSON object (``{"error": ...}`` when the command fails), so scripts can read it with
+``tail -n 1``.  Known errors (an infeasible budget, a corrupt or mismatched solution file, a model that
+cannot be traced, a malformed argument) end the command with ``monet: error: <message>`` on stderr and
+exit status 2, without a traceback; ``monet check`` exits with 1 when the schedule fails a check.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+EXIT_ERROR = 2  # a known error: bad arguments, infeasible budget, unreadable solution ...
+EXIT_CHECK_FAILED = 1  # monet check: measured peak above the budget, or gradients differ
+GRAD_TOLERANCE = 1e-5  # relative; DESIGN.md, "What must stay true"
+MiB = 2**20
+GiB = 2**30
+
+DEMO_MODEL = "resnet50"
+DEMO_BATCH = 8
+DEMO_SHAPE = (3, 96, 96)
+
+_DESCRIPTION = """\
+monet trains deep networks in less memory (MONeT, Shah et al., ICLR 2021). For a model, an input
+shape and a memory budget it solves an integer linear program that decides which activations the
+forward pass keeps and which the backward pass recomputes, writes that schedule to a solution file,
+and trains with it through monet.MONeTWrapper.
+
+MODEL is a zoo name (resnet50, vgg16, mobilenet_v2, googlenet, unet, gpt2-small),
+"torchvision.models.resnet50()" or "path/to/file.py:factory" (factory() returns the nn.Module).
+A budget is "6GB" (= 6 x 2^30 bytes, as in MONeT's tables; "6GiB" and "6000MiB" too), a byte count,
+or a percentage of plain PyTorch's simulated peak ("50%").
+"""
+
+_EPILOG = """\
+commands:
+  solve     capture MODEL, cost its operators, solve the ILP at a budget, write a solution file
+  check     run a solution against plain PyTorch: gradients, measured peak memory, time overhead
+  profile   measure every operator's time and workspace on a device, write the cost table (CSV)
+  demo      the whole job on ResNet-50 (small batch and images) on the CPU, in a minute or two
+  zoo list  prebuilt schedules
+
+examples:
+  monet demo
+  monet solve resnet50 --batch-size 184 --budget 6GB --time-limit 600 -o resnet50_184.pkl
+  monet solve resnet50 --batch-size 32 --input-shape 3,128,128 --budget 50% --json -o r50.pkl
+  monet solve my_net.py:build --batch-size 16 --input-shape 3,64,64 --min-budget -o my_net.pkl
+  monet check r50.pkl                       # all three checks; or pick some:
+  monet check r50.pkl --check-diff --check-runtime --run-bs --json
+  monet profile resnet50 --batch-size 184 --device cuda -o resnet50_184.profile
+
+Run "monet COMMAND --help" for a command's options.
+"""
+
+_SOLVE_EPILOG = """\
+examples:
+  monet solve resnet50 --batch-size 184 --budget 6GB -o resnet50_184.pkl
+  monet solve resnet50 --batch-size 32 --input-shape 3,128,128 --budget 50% --json -o r50.pkl
+  monet solve "torchvision.models.resnet50()" --batch-size 64 --min-budget -o r50_min.pkl
+  monet solve my_net.py:build --batch-size 16 --input-shape 3,64,64 --budget 300MiB -o my_net.pkl
+  monet solve resnet50 --batch-size 184 --budget 6GB --cost analytic --gpu-spec p100 -o r50_p100.pkl
+
+Progress goes to stderr; a summary of the solution to stdout (with --json, then one JSON line:
+status, objective, bound, gap, solve_time_s, budget_bytes, predicted_peak_bytes, eager_peak_bytes,
+output ...). A budget below the smallest feasible one exits with status 2 and names that budget.
+"""
+
+_CHECK_EPILOG = """\
+examples:
+  monet check r50.pkl                               # all checks
+  monet check r50.pkl --check-diff                  # gradients only
+  monet check r50.pkl --run-bs --json               # measured peak memory, JSON last line
+  monet check my_net.pkl --model my_net.py:build    # when meta.model is not importable as is
+
+Peak memory is one forward+backward iteration after warm-up, no optimizer step, at the allocator
+(CPU: the profiler's allocation events; CUDA: max_memory_allocated). Overhead is the median
+iteration time of the schedule over plain PyTorch's, interleaved in one process, minus 1.
+Exit status 1 when the measured peak exceeds the budget or a gradient differs by more than 1e-5
+(relative).
+"""
+
+_PROFILE_EPILOG = """\
+examples:
+  monet profile resnet50 --batch-size 184 --device cuda -o resnet50_184.profile
+  monet profile resnet50 --batch-size 8 --input-shape 3,96,96 --repeats 3
+
+The table (CSV: kind, node, op, impl, time_s, recompute_s, workspace_bytes, flops, bytes_moved,
+source) is written to -o, or without -o to the profile cache, where "monet solve --cost profile"
+finds it (keyed by the graph's fingerprint, the device name and the torch version).
+"""
+
+_DEMO_EPILOG = f"""\
+The demo builds {DEMO_MODEL} (the real architecture) at batch {DEMO_BATCH} and input
+{"x".join(map(str, DEMO_SHAPE))}, captures it, costs it (analytic times, workspace from a quick
+profile, cached), solves the ILP at 50 % of plain PyTorch's simulated peak (or at the smallest
+feasible budget if that is lower than possible), then trains 3 SGD steps with the schedule and with
+plain PyTorch from the same weights and prints measured peaks, overhead and gradient differences.
+"""
+
+
+class CLIError(Exception):
+    """A known error: printed as ``monet: error: <message>``, exit status `EXIT_ERROR`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR, **extra):
+        super().__init__(message)
+        self.code = code
+        self.extra = extra
+
+
+# ----------------------------------------------------------------------------------------------
+# output helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _log(message: str) -> None:
+    print(f"monet: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _step(what: str):
+    """Log ``what ...`` then ``what: done in X s`` (to stderr)."""
+    _log(f"{what} ...")
+    t0 = time.perf_counter()
+    info: dict = {}
+    yield info
+    extra = f" ({info['note']})" if info.get("note") else ""
+    _log(f"{what}: done in {time.perf_counter() - t0:.1f} s{extra}")
+
+
+def _mib(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / MiB:,.1f} MiB"
+
+
+def _size(nbytes) -> str:
+    if nbytes is None:
+        return "-"
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
+
+
+def _pct(fraction) -> str:
+    return "-" if fraction is None else f"{100 * fraction:+.1f} %"
+
+
+def _json_value(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def _print_json(obj: dict) -> None:
+    print(json.dumps({k: _json_value(v) for k, v in obj.items()}), flush=True)
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=["", "value"]).set_index("")
+    frame.index.name = None
+    return frame.to_string()
+
+
+# ----------------------------------------------------------------------------------------------
+# models, inputs, costs
+# ----------------------------------------------------------------------------------------------
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """"3,224,224" or "3x224x224" -> (3, 224, 224)."""
+    if text is None:
+        return None
+    parts = [p for p in text.replace("x", ",").replace("X", ",").replace(" ", "").split(",") if p]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise CLIError(f"cannot read input shape {text!r}: use comma-separated sizes without the "
+                       "batch dimension, e.g. 3,224,224") from None
+    if not shape or any(s < 1 for s in shape):
+        raise CLIError(f"input shape {text!r} must be one or more positive sizes, e.g. 3,224,224")
+    return shape
+
+
+def _input_shape(model_name: str, text: str | None) -> tuple[int, ...]:
+    from monet.zoo.models import MODELS
+
+    shape = _parse_shape(text)
+    if shape is not None:
+        return shape
+    spec = MODELS.get(model_name.strip())
+    if spec is None:
+        raise CLIError(f"{model_name!r} is not a zoo model: pass --input-shape (one sample, without the "
+                       "batch dimension, e.g. --input-shape 3,224,224)")
+    return tuple(spec.input_shape)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _build(model_name: str, batch_size: int, input_shape: tuple[int, ...], device: str = "cpu",
+           dtype=None):
+    """(model, example input) on ``device``; the weights are the same on every call (seed 0)."""
+    import torch
+
+    from monet.zoo.models import example_input, get_model
+
+    if batch_size < 1:
+        raise CLIError(f"--batch-size must be positive, got {batch_size}")
+    torch.manual_seed(0)
+    try:
+        model = get_model(model_name)
+        x = example_input(model_name, batch_size, input_shape, dtype=dtype)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        raise CLIError(f"cannot build model {model_name!r}: {e}") from None
+    return model.to(device), x.to(device)
+
+
+def _resolve_device(text: str | None) -> str:
+    import torch
+
+    if text in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {text}: CUDA is not available on this machine (torch "
+                       f"{torch.__version__}); use --device cpu")
+    if not (text == "cpu" or text.startswith("cuda")):
+        raise CLIError(f"--device must be cpu, cuda, cuda:N or auto, got {text!r}")
+    return text
+
+
+def _device_spec(gpu_spec: str | None, device: str):
+    """The roofline model for --cost analytic: --gpu-spec, else the visible GPU's, else the CPU's."""
+    import torch
+
+    from monet.profiling.costs import PRESETS, DeviceSpec
+
+    if gpu_spec:
+        try:
+            return DeviceSpec.named(gpu_spec)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device)).lower() if torch.cuda.is_available() else ""
+        for key in sorted(PRESETS, key=len, reverse=True):  # "h100-pcie" before "h100"
+            if key.replace("-", " ") in name.replace("-", " "):
+                return PRESETS[key]
+        raise CLIError(f"no analytic model for GPU {name or '(none visible)'!r}: pass --gpu-spec "
+                       f"({', '.join(sorted(PRESETS))}) or use --cost profile")
+    return DeviceSpec.cpu_default()
+
+
+def _capture(model, x):
+    from monet.capture import CaptureError, capture
+
+    try:
+        return capture(model, x)
+    except CaptureError as e:
+        raise CLIError(str(e)) from None
+    except ValueError as e:  # no output requires a gradient
+        raise CLIError(f"cannot capture the model: {e}") from None
+
+
+def _profile_table(model, x, graph, device: str, cache_dir, **kw):
+    from monet.profiling.profiler import load_or_profile
+
+    try:
+        return load_or_profile(model, x, graph, device, cache_dir=cache_dir, **kw)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# monet solve
+# ----------------------------------------------------------------------------------------------
+
+
+def _solution_fields(meta) -> dict:
+    """The solution's figures as ``--json`` reports them (bytes, seconds, fractions)."""
+    overhead = (meta.objective_s / meta.eager_time_s - 1.0) if meta.eager_time_s else None
+    return dict(status=meta.status, objective=meta.objective_s, bound=meta.bound_s, gap=meta.gap,
+                solve_time_s=meta.solve_time_s, budget_bytes=meta.budget_bytes,
+                predicted_peak_bytes=meta.predicted_peak_bytes, eager_peak_bytes=meta.eager_peak_bytes,
+                predicted_overhead=overhead, model=meta.model, batch_size=meta.batch_size,
+                input_shape=list(meta.input_shape), dtype=meta.dtype, mode=meta.mode, solver=meta.solver,
+                device=meta.device, cost_source=meta.cost_source)
+
+
+def _cmd_solve(args) -> int:
+    from monet.solution import describe, save_solution
+    from monet.solver.solve import MODES, eager_peak, min_budget, parse_budget, solve
+
+    if args.mode not in MODES:
+        raise CLIError(f"mode {args.mode!r} is not available yet: this version of monet solves "
+                       f"recompute-or-store schedules only (--mode {' or --mode '.join(MODES)}); "
+                       "MONeT's operator-implementation and in-place modes (e.g. "
+                       "inplace_conv_multiway_newnode) come in a later version")
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
+    shape = _input_shape(args.model, args.input_shape)
+    import torch
+
+    # --cost analytic needs no device: a schedule for a GPU can be solved on a laptop
+    device = _resolve_device(args.device) if args.cost != "analytic" else args.device
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise CLIError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    on = device if (device == "cpu" or torch.cuda.is_available()) else "cpu"
+
+    with _step(f"building {args.model} (batch {args.batch_size}, input {shape})"):
+        model, x = _build(args.model, args.batch_size, shape, on)
+    with _step("capturing the forward and backward graph") as s:
+        graph = _capture(model, x)
+        s["note"] = graph.describe()
+    with _step(f"costing ({args.cost})") as s:
+        table = _costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
+        costs = _cost_arrays(graph, table)
+        s["note"] = f"plain iteration {1e3 * costs.total_time:.1f} ms predicted"
+    eager = eager_peak(graph, costs)
+    _log(f"plain PyTorch's simulated peak: {_size(eager)} ({eager} bytes)")
+    info = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
+                dtype=_dtype_name(x.dtype), device=device.split(":")[0])
+    try:
+        if args.min_budget:
+            with _step(f"finding the smallest feasible budget ({args.solver}, "
+                       f"time limit {args.time_limit:g} s)") as s:
+                budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit)
+                s["note"] = f"{_size(budget)}, {'proven minimal' if proven else 'not proven minimal'}"
+        else:
+            budget = parse_budget(args.budget, eager)
+        with _step(f"solving at a budget of {_size(budget)} ({budget} bytes), mode {args.mode}, "
+                   f"{args.solver}, time limit {args.time_limit:g} s") as s:
+            sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
+                        info=info)
+            s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
+    except RuntimeError as e:  # the solver found no schedule in time
+        raise CLIError(str(e)) from None
+    save_solution(sol, output)
+    _log(f"wrote {output}")
+    print(describe(sol))
+    if args.json:
+        _print_json({**_solution_fields(sol.meta), "output": str(output)})
+    return 0
+
+
+def _costs_table(cost: str, model, x, graph, device: str, gpu_spec, cache_dir):
+    """The cost table for --cost analytic, hybrid or profile."""
+    from monet.profiling.costs import analytic_costs
+
+    if cost == "profile":
+        return _profile_table(model, x, graph, device, cache_dir)
+    table = analytic_costs(graph, _device_spec(gpu_spec, device))
+    if cost == "hybrid":
+        table = _with_measured_workspace(table, model, x, graph, device, cache_dir)
+    return table
+
+
+def _with_measured_workspace(table, model, x, graph, device: str, cache_dir):
+    """``table`` with each operator's workspace from a quick profile (one timed run per operator).
+
+    The quick profile is cached apart from full profiles (``<cache>/quick``), so its one-run times
+    never stand in for a ``--cost profile`` measurement.
+    """
+    from monet.profiling.costs import validate_costs
+    from monet.profiling.profiler import default_cache_dir
+
+    quick_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "quick"
+    prof = _profile_table(model, x, graph, device, quick_dir, repeats=1, warmup=0, progress=False)
+    ws = prof.set_index(["kind", "node"])["workspace_bytes"]
+    table = table.copy()
+    table["workspace_bytes"] = [int(ws.get((k, n), 0)) for k, n in zip(table["kind"], table["node"])]
+    table["source"] = table["source"] + "+measured-workspace"
+    return validate_costs(table)
+
+
+def _cost_arrays(graph, table):
+    from monet.profiling.costs import costs_for
+
+    try:
+        return costs_for(graph, table)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# monet profile
+# ----------------------------------------------------------------------------------------------
+
+
+def _cmd_profile(args) -> int:
+    import pandas as pd
+
+    from monet.profiling.profiler import cache_path, profile_costs, save_costs
+
+    if args.repeats < 1:
+        raise CLIError(f"--repeats must be >= 1, got {args.repeats}")
+    device = _resolve_device(args.device)
+    shape = _input_shape(args.model, args.input_shape)
+    with _step(f"building {args.model} (batch {args.batch_size}, input {shape}) on {device}"):
+        model, x = _build(args.model, args.batch_size, shape, device)
+    with _step("capturing the forward and backward graph") as s:
+        graph = _capture(model, x)
+        s["note"] = graph.describe()
+    with _step(f"profiling {len(graph.fwd) + len(graph.bwd)} operators on {device} "
+               f"({args.repeats} timed runs each)"):
+        if args.output:
+            table = profile_costs(model, x, graph, device, repeats=args.repeats, warmup=args.warmup)
+            path = save_costs(table, args.output)
+        else:
+            path = cache_path(graph, device, args.cache_dir)
+            if path.exists():
+                _log(f"using the cached profile {path} (delete it to measure again)")
+            table = _profile_table(model, x, graph, device, args.cache_dir, repeats=args.repeats,
+                                   warmup=args.warmup)
+    _log(f"wrote {path}")
+    fwd = table[table["kind"] == "fwd"]
+    bwd = table[table["kind"] == "bwd"]
+    print(f"{args.model}, batch {args.batch_size}, input {shape}, on {device}: "
+          f"forward {1e3 * fwd['time_s'].sum():.1f} ms, backward {1e3 * bwd['time_s'].sum():.1f} ms, "
+          f"largest workspace {_mib(int(table['workspace_bytes'].max()))}")
+    top = table.sort_values("time_s", ascending=False).head(args.top)
+    view = pd.DataFrame({
+        "kind": top["kind"], "node": top["node"], "op": top["op"].str.removeprefix("aten."),
+        "time_ms": (1e3 * top["time_s"]).round(3),
+        "share_%": (100 * top["time_s"] / table["time_s"].sum()).round(1),
+        "workspace_MiB": (top["workspace_bytes"] / MiB).round(2),
+        "GFLOP": (top["flops"] / 1e9).round(3),
+    })
+    print(f"slowest {len(view)} of {len(table)} operators:")
+    print(view.to_string(index=False))
+    print(f"cost table: {path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# monet check
+# ----------------------------------------------------------------------------------------------
+
+
+def _strip_prefix(d: dict, prefix: str = "model.") -> dict:
+    return {k.removeprefix(prefix): v for k, v in d.items()}
+
+
+def _gradient_check(plain_model, wrapped, x, g):
+    """(max relative difference, gradients bitwise equal, buffers bitwise equal) after one iteration."""
+    from monet.profiling import check as chk
+
+    gw, bw = chk.grads_and_buffers(wrapped, x, g)
+    gp, bp = chk.grads_and_buffers(plain_model, x, g)
+    gw, bw = _strip_prefix(gw), _strip_prefix(bw)  # MONeTWrapper holds the model as .model
+    equal = gw.keys() == gp.keys() and all(bool((gw[k] == gp[k]).all()) for k in gw)
+    bequal = bw.keys() == bp.keys() and all(bool((bw[k] == bp[k]).all()) for k in bw)
+    return chk.max_rel_diff(gw, gp), equal, bequal
+
+
+def _cmd_check(args) -> int:
+    import torch
+
+    from monet.profiling import check as chk
+    from monet.solution import SolutionMismatchError, describe, load_solution
+    from monet.wrapper import MONeTWrapper
+
+    sol = load_solution(args.file)
+    meta = sol.meta
+    model_name = args.model or meta.model
+    if not model_name:
+        raise CLIError(f"{args.file} does not name its model: pass --model MODEL")
+    do_all = not (args.check_diff or args.check_runtime or args.run_bs)
+    want_diff, want_bs, want_rt = (args.check_diff or do_all, args.run_bs or do_all,
+                                   args.check_runtime or do_all)
+    if args.device:
+        device = _resolve_device(args.device)
+    else:
+        device = "cuda" if meta.device == "cuda" and torch.cuda.is_available() else "cpu"
+    print(describe(sol))
+    try:
+        dtype = getattr(torch, meta.dtype)
+    except AttributeError:
+        raise CLIError(f"{args.file}: unknown dtype {meta.dtype!r}") from None
+    with _step(f"building {model_name} (batch {meta.batch_size}, input {meta.input_shape}) on {device}"):
+        model, x = _build(model_name, meta.batch_size, meta.input_shape, device, dtype=dtype)
+        g = chk.output_grad(model, x)
+
+    def wrapped_model():
+        return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
+
+    results = dict(peak_bytes=None, eager_measured_peak_bytes=None, max_grad_rel_diff=None,
+                   grads_bitwise_equal=None, buffers_bitwise_equal=None, overhead=None,
+                   median_time_s=None, eager_median_time_s=None)
+    try:
+        if want_diff:
+            with _step("comparing gradients with plain PyTorch (one iteration, same weights and RNG)"):
+                diff, equal, bequal = _gradient_check(copy.deepcopy(model), wrapped_model(), x, g)
+            results.update(max_grad_rel_diff=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
+        if want_bs:
+            with _step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
+                results["peak_bytes"] = chk.measure_iteration_peak(wrapped_model(), x, g)
+                results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(copy.deepcopy(model), x, g)
+        if want_rt:
+            with _step(f"timing the schedule against plain PyTorch ({args.repeats} interleaved iterations)"):
+                frac, tw, tp = chk.overhead(copy.deepcopy(model), wrapped_model(), x, g,
+                                            repeats=args.repeats, warmup=1)
+            results.update(overhead=frac, median_time_s=tw, eager_median_time_s=tp)
+    except SolutionMismatchError as e:
+        raise CLIError(f"{args.file} does not fit {model_name}: {e}") from None
+
+    failures = []
+    peak, budget = results["peak_bytes"], meta.budget_bytes
+    if peak is not None and peak > budget:
+        failures.append(f"measured peak {peak} bytes ({_size(peak)}) exceeds the budget {budget} bytes "
+                        f"({_size(budget)})")
+    diff = results["max_grad_rel_diff"]
+    if diff is not None and not diff <= GRAD_TOLERANCE:
+        failures.append(f"gradients differ from plain PyTorch by {diff:.3g} (relative), more than "
+                        f"{GRAD_TOLERANCE:g}")
+
+    rows = [("budget", _mib(budget)), ("predicted peak (schedule)", _mib(meta.predicted_peak_bytes)),
+            ("simulated peak (plain PyTorch)", _mib(meta.eager_peak_bytes))]
+    if peak is not None:
+        eager_m = results["eager_measured_peak_bytes"]
+        rows += [("measured peak (schedule)", _mib(peak)),
+                 ("measured peak (plain PyTorch)", _mib(eager_m)),
+                 ("measured / budget", f"{peak / budget:.3f}"),
+                 ("predicted / measured", f"{meta.predicted_peak_bytes / peak:.3f}"),
+                 ("memory saved", f"{100 * (1 - peak / eager_m):.1f} %" if eager_m else "-")]
+    if diff is not None:
+        rows += [("max relative gradient difference", f"{diff:.3g}"),
+                 ("gradients bitwise equal", str(results["grads_bitwise_equal"])),
+                 ("buffers bitwise equal", str(results["buffers_bitwise_equal"]))]
+    if results["overhead"] is not None:
+        rows += [("median iteration (schedule)", f"{1e3 * results['median_time_s']:.2f} ms"),
+                 ("median iteration (plain PyTorch)", f"{1e3 * results['eager_median_time_s']:.2f} ms"),
+                 ("overhead (measured)", _pct(results["overhead"]))]
+    rows.append(("result", "FAILED" if failures else "passed"))
+    print(_table(rows))
+    for f in failures:
+        print(f"monet: check failed: {f}", file=sys.stderr)
+    if args.json:
+        _print_json({**_solution_fields(meta), **results, "file": str(args.file), "device": device,
+                     "passed": not failures, "failures": failures})
+    return EXIT_CHECK_FAILED if failures else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# monet demo
+# ----------------------------------------------------------------------------------------------
+
+
+def _loss(out, target, tokens: bool):
+    import torch.nn.functional as F
+
+    if tokens and out.dim() == 3:  # (B, T, V) -> classes on dim 1
+        out = out.transpose(1, 2)
+    return F.cross_entropy(out, target)
+
+
+def _cmd_demo(args) -> int:
+    import torch
+
+    from monet.profiling import check as chk
+    from monet.solution import describe
+    from monet.solver.ilp import InfeasibleBudgetError
+    from monet.solver.solve import eager_peak, solve
+    from monet.wrapper import MONeTWrapper
+    from monet.zoo.models import MODELS
+
+    t_start = time.perf_counter()
+    device = _resolve_device(args.device)
+    shape = _parse_shape(args.input_shape) or (DEMO_SHAPE if args.model == DEMO_MODEL
+                                               else _input_shape(args.model, None))
+    with _step(f"building {args.model} (batch {args.batch_size}, input {shape}) on {device}") as s:
+        model, x = _build(args.model, args.batch_size, shape, device)
+        s["note"] = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters"
+    with _step("capturing the forward and backward graph") as s:
+        graph = _capture(model, x)
+        s["note"] = graph.describe()
+    with _step("costing: analytic times, workspace from a quick profile (cached after the first run)"):
+        gpu_spec = None
+        if device != "cpu":
+            try:
+                _device_spec(None, device)
+            except CLIError:  # a GPU without a preset: h100's roofline ranks the recomputations
+                gpu_spec = "h100"
+        costs = _cost_arrays(graph, _costs_table("hybrid", model, x, graph, device, gpu_spec,
+                                                 args.cache_dir))
+    eager = eager_peak(graph, costs)
+    budget = int(0.5 * eager)
+    info = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
+                dtype=_dtype_name(x.dtype), device=device.split(":")[0])
+    _log(f"plain PyTorch's simulated peak: {_size(eager)}; target budget 50 %: {_size(budget)}")
+    note = ""
+    try:
+        with _step(f"solving the ILP at {_size(budget)} (CBC, time limit {args.time_limit:g} s)") as s:
+            try:
+                sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
+            except InfeasibleBudgetError as e:
+                if e.min_budget_bytes is None:
+                    raise
+                s["note"] = "infeasible"
+                note = (f"50 % of plain PyTorch's peak ({_size(budget)}) is infeasible for this model: "
+                        f"solved at the smallest feasible budget found, {_size(e.min_budget_bytes)} "
+                        f"({100 * e.min_budget_bytes / eager:.0f} %)")
+                budget = e.min_budget_bytes
+        if note:
+            _log(note)
+            with _step(f"solving the ILP at {_size(budget)} (CBC, time limit {args.time_limit:g} s)") as s:
+                sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
+        s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
+    except RuntimeError as e:
+        raise CLIError(str(e)) from None
+    print(describe(sol))
+
+    # train side by side from the same weights, data and RNG
+    tokens = args.model in MODELS and MODELS[args.model].input_kind == "tokens"
+    plain = copy.deepcopy(model)
+    wrapped = MONeTWrapper(copy.deepcopy(model), sol, shape)
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    opt_w = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        out_shape = copy.deepcopy(model).eval()(x).shape
+    n_classes = out_shape[-1] if tokens else out_shape[1]
+    target_shape = out_shape[:-1] if tokens else (out_shape[0], *out_shape[2:])
+    target = torch.randint(0, n_classes, tuple(target_shape), generator=gen).to(device)
+    losses_p, losses_w, grad_diff = [], [], 0.0
+    with _step(f"training {args.steps} SGD steps with the schedule and with plain PyTorch"):
+        for step in range(args.steps):
+            lw = lp = None
+            for m, opt, acc in ((wrapped, opt_w, losses_w), (plain, opt_p, losses_p)):
+                torch.manual_seed(step)
+                opt.zero_grad(set_to_none=True)
+                loss = _loss(m(x), target, tokens)
+                loss.backward()
+                acc.append(loss.detach().clone())
+            gw = _strip_prefix({n: p.grad for n, p in wrapped.named_parameters() if p.grad is not None})
+            gp = {n: p.grad for n, p in plain.named_parameters() if p.grad is not None}
+            grad_diff = max(grad_diff, chk.max_rel_diff(gw, gp))
+            opt_w.step()
+            opt_p.step()
+            _log(f"  step {step + 1}: loss {losses_w[-1].item():.6f} (schedule), "
+                 f"{losses_p[-1].item():.6f} (plain PyTorch)")
+    identical = all(torch.equal(a, b) for a, b in zip(losses_w, losses_p))
+    g = chk.output_grad(model, x)
+    with _step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
+        peak_w = chk.measure_iteration_peak(wrapped, x, g)
+        peak_p = chk.measure_iteration_peak(plain, x, g)
+    with _step(f"timing {args.repeats} interleaved iterations of each"):
+        frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats, warmup=1)
+
+    rows = [("model", f"{args.model}, batch {args.batch_size}, input {'x'.join(map(str, shape))}, {device}"),
+            ("plain PyTorch peak (measured)", _mib(peak_p)),
+            ("monet peak (measured)", _mib(peak_w)),
+            ("budget", _mib(budget) + (" (smallest feasible)" if note else " (50 % of simulated plain peak)")),
+            ("monet peak (predicted)", _mib(sol.meta.predicted_peak_bytes)),
+            ("memory saved", f"{100 * (1 - peak_w / peak_p):.1f} %"),
+            ("overhead (measured)", f"{_pct(frac)} ({1e3 * tw:.0f} ms vs {1e3 * tp:.0f} ms per iteration)"),
+            ("overhead (predicted)", _pct(sol.meta.objective_s / sol.meta.eager_time_s - 1)
+             if sol.meta.eager_time_s else "-"),
+            ("max relative gradient difference", f"{grad_diff:.3g}"),
+            (f"losses bit-identical ({args.steps} steps)", "yes" if identical else "no"),
+            ("within budget", "yes" if peak_w <= budget else "NO")]
+    print()
+    print(_table(rows))
+    if note:
+        print(f"note: {note}")
+    _log(f"demo finished in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# monet zoo
+# ----------------------------------------------------------------------------------------------
+
+
+def _cmd_zoo(args) -> int:
+    if args.zoo_command == "list":
+        print("no prebuilt schedules yet: make one with 'monet solve MODEL --batch-size B --budget X -o FILE'")
+        return 0
+    raise CLIError(f"no prebuilt schedule named {args.name!r}: the zoo has no prebuilt schedules yet; "
+                   "make one with 'monet solve'")
+
+
+# ----------------------------------------------------------------------------------------------
+# argument parsing
+# ----------------------------------------------------------------------------------------------
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from monet import __version__
+
+    parser = argparse.ArgumentParser(prog="monet", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"monet {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def model_args(p):
+        p.add_argument("model", metavar="MODEL",
+                       help='zoo name, "torchvision.models.resnet50()" or "path/to/file.py:factory"')
+        p.add_argument("--batch-size", "-b", type=int, required=True, help="batch size")
+        p.add_argument("--input-shape", metavar="C,H,W", default=None,
+                       help="one sample's shape without the batch dimension (default: the zoo "
+                            "model's; required for other models)")
+
+    # solve
+    p = sub.add_parser("solve", help="solve the ILP for a model, batch size and budget",
+                       description="Capture MODEL, cost every operator, solve MONeT's ILP at a memory "
+                                   "budget and write the schedule to a solution file.",
+                       epilog=_SOLVE_EPILOG, formatter_class=_Formatter)
+    model_args(p)
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--budget", metavar="BUDGET",
+                        help='memory budget: "6GB" (6 x 2^30 bytes), "6GiB", "6000MiB", bytes, or '
+                             '"50%%" of plain PyTorch\'s simulated peak')
+    budget.add_argument("--min-budget", action="store_true",
+                        help="solve at the smallest feasible budget (found by a first ILP)")
+    p.add_argument("--mode", default="normal",
+                   help="ILP mode: normal (recompute or store) or none (keep everything: plain "
+                        "PyTorch). MONeT's operator-implementation and in-place modes (conv, "
+                        "multiway, inplace_conv_multiway_newnode ...) are not available yet")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="solver time limit in seconds; the best schedule found by then is kept")
+    p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
+                   help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
+    p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="analytic",
+                   help="operator costs. analytic: a roofline model of --gpu-spec, deterministic, "
+                        "needs no device, but counts no kernel workspace, so the measured peak can "
+                        "exceed the budget by the kernels' temporaries; hybrid: analytic times, "
+                        "workspace from a quick run of every operator on --device (cached); "
+                        "profile: times and workspace measured on --device (cached)")
+    p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
+    p.add_argument("--gpu-spec", default=None, metavar="NAME",
+                   help="roofline preset for --cost analytic: p100, v100, a100, h100, h100-pcie, "
+                        "h200 (default: the CPU's, or the visible GPU's with --device cuda)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="profile cache (default ~/.cache/monet/profiles)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="solution file to write")
+    p.set_defaults(func=_cmd_solve)
+
+    # check
+    p = sub.add_parser("check", help="check a solution: gradients, peak memory, overhead",
+                       description="Rebuild the solution's model and run its schedule against plain "
+                                   "PyTorch. With no check flag, all three checks run.",
+                       epilog=_CHECK_EPILOG, formatter_class=_Formatter)
+    p.add_argument("file", metavar="FILE", help="solution file from monet solve")
+    p.add_argument("--model", default=None,
+                   help="MODEL to rebuild (default: the solution's own meta.model)")
+    p.add_argument("--check-diff", action="store_true",
+                   help="gradients and buffers after one iteration vs plain PyTorch")
+    p.add_argument("--run-bs", action="store_true",
+                   help="measured peak memory of one iteration, schedule and plain PyTorch, vs the budget "
+                        "and the prediction")
+    p.add_argument("--check-runtime", action="store_true",
+                   help="time overhead over plain PyTorch (interleaved medians)")
+    p.add_argument("--repeats", type=int, default=5, help="timed iterations of each for --check-runtime")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:N or auto (default: the solution's device if available, else cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.set_defaults(func=_cmd_check)
+
+    # profile
+    p = sub.add_parser("profile", help="measure operator times and workspace, write the cost table",
+                       description="Run MODEL's joint forward+backward graph op by op on a device and "
+                                   "record each operator's time and workspace.",
+                       epilog=_PROFILE_EPILOG, formatter_class=_Formatter)
+    model_args(p)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per operator (the median is kept)")
+    p.add_argument("--warmup", type=int, default=2, help="discarded runs per operator before timing")
+    p.add_argument("--top", type=int, default=15, help="how many of the slowest operators to list")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="profile cache used without -o (default ~/.cache/monet/profiles)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE.csv",
+                   help="write the cost table here (default: into the profile cache)")
+    p.set_defaults(func=_cmd_profile)
+
+    # demo
+    p = sub.add_parser("demo", help="the whole job on ResNet-50 on the CPU in a minute or two",
+                       description="Solve, train and measure a default model end to end.",
+                       epilog=_DEMO_EPILOG, formatter_class=_Formatter)
+    p.add_argument("--model", default=DEMO_MODEL, help="MODEL (see monet --help)")
+    p.add_argument("--batch-size", "-b", type=int, default=DEMO_BATCH, help="batch size")
+    p.add_argument("--input-shape", metavar="C,H,W", default=None,
+                   help=f"one sample's shape (default {','.join(map(str, DEMO_SHAPE))} for "
+                        f"{DEMO_MODEL}, else the zoo model's)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available)")
+    p.add_argument("--steps", type=int, default=3, help="SGD steps to train")
+    p.add_argument("--repeats", type=int, default=3, help="timed iterations of each for the overhead")
+    p.add_argument("--time-limit", type=float, default=20.0, metavar="S", help="solver time limit per solve")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="profile cache (default ~/.cache/monet/profiles)")
+    p.set_defaults(func=_cmd_demo)
+
+    # zoo
+    p = sub.add_parser("zoo", help="prebuilt schedules (none yet)",
+                       description="Prebuilt schedules. None are shipped yet.")
+    zoo = p.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND")
+    zoo.required = True
+    zoo.add_parser("list", help="list the prebuilt schedules")
+    g = zoo.add_parser("get", help="write a prebuilt schedule to a file")
+    g.add_argument("name", metavar="NAME")
+    g.add_argument("-o", "--output", metavar="FILE")
+    p.set_defaults(func=_cmd_zoo)
+    return parser
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from monet.capture import CaptureError
+    from monet.solution import SolutionFileError, SolutionMismatchError
+    from monet.solver.ilp import InfeasibleBudgetError
+
+    return (CLIError, InfeasibleBudgetError, SolutionFileError, SolutionMismatchError, CaptureError,
+            ValueError, FileNotFoundError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script exits with it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # torch.profiler (used to measure CPU memory) prints two kineto lines per use otherwise
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    try:
+        known = _known_errors()
+        code = args.func(args)
+    except KeyboardInterrupt:
+        print("monet: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - known errors become one line, others keep their traceback
+        if not isinstance(e, known):
+            raise
+        message = str(e).strip() or type(e).__name__
+        print(f"monet: error: {message}", file=sys.stderr, flush=True)
+        if getattr(args, "json", False):
+            extra = getattr(e, "extra", {}) or {}
+            if getattr(e, "min_budget_bytes", None) is not None:
+                extra = {**extra, "min_budget_bytes": e.min_budget_bytes}
+            _print_json({"error": message, **extra})
+        return getattr(e, "code", EXIT_ERROR)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

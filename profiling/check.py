@@ -1,0 +1,116 @@
+"""Checks of a schedule against plain PyTorch: gradients, measured peak memory and overhead.
+
+One training iteration, as DESIGN.md ("Measuring") defines it: parameter gradients set to None,
+``y = model(x); y.backward(g)`` with ``g`` allocated beforehand, no optimizer step.  Peak memory is
+measured at the allocator (`monet.profiling.memory.measure_peak`) and includes parameters,
+buffers, the input and ``g``.  Overhead is the median iteration time of the schedule divided by the
+median of plain PyTorch, measured in one process, interleaved, after warm-up, minus 1.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from monet.profiling.memory import live_tensor_bytes, measure_peak
+
+
+@dataclass
+class CheckResult:
+    """Measured figures (bytes, seconds, fractions); None where not measured."""
+
+    peak_bytes: int | None = None
+    eager_measured_peak_bytes: int | None = None
+    max_grad_rel_diff: float | None = None
+    grads_bitwise_equal: bool | None = None
+    buffers_bitwise_equal: bool | None = None
+    overhead: float | None = None
+    median_time_s: float | None = None
+    eager_median_time_s: float | None = None
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _iteration(model: nn.Module, x: torch.Tensor, g: torch.Tensor):
+    for p in model.parameters():
+        p.grad = None
+    model(x).backward(g)
+
+
+def output_grad(model: nn.Module, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A fixed random gradient for the model's output, shaped like it (a stand-in for a loss)."""
+    with torch.no_grad():
+        shape_probe = copy.deepcopy(model).eval()(x)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(shape_probe.shape, generator=gen, dtype=shape_probe.dtype).to(x.device)
+
+
+def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor) -> int:
+    """Peak bytes of one iteration after one warm-up iteration (parameter gradients None at start)."""
+    _iteration(model, x, g)  # warm-up: AOTAutograd traces on the first call
+    for p in model.parameters():
+        p.grad = None
+    baseline = live_tensor_bytes(model, x, g, device=x.device)
+
+    def step():
+        model(x).backward(g)
+
+    return measure_peak(step, x.device, baseline_bytes=baseline).peak_bytes
+
+
+def grads_and_buffers(model: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0):
+    """Gradients (by parameter name) and buffers after one iteration from the RNG state ``seed``."""
+    torch.manual_seed(seed)
+    _iteration(model, x, g)
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    bufs = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return grads, bufs
+
+
+def max_rel_diff(a: dict, b: dict) -> float:
+    """max over tensors of ||a - b||_inf / max(||b||_inf, tiny); inf if the keys differ."""
+    if a.keys() != b.keys():
+        return float("inf")
+    worst = 0.0
+    for k in a:
+        d = (a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0
+        scale = max(b[k].double().abs().max().item() if b[k].numel() else 0.0, 1e-30)
+        worst = max(worst, d / scale)
+    return worst
+
+
+def compare_gradients(make_plain, make_wrapped, x: torch.Tensor, g: torch.Tensor, seed: int = 0):
+    """Run one iteration of each from identical weights and RNG; return (rel diff, grads equal, buffers equal).
+
+    ``make_plain()`` and ``make_wrapped()`` build the two models from the same weights.
+    """
+    ga, ba = grads_and_buffers(make_wrapped(), x, g, seed)
+    gb, bb = grads_and_buffers(make_plain(), x, g, seed)
+    equal = ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
+    bequal = ba.keys() == bb.keys() and all(torch.equal(ba[k], bb[k]) for k in ba)
+    return max_rel_diff(ga, gb), equal, bequal
+
+
+def overhead(plain: nn.Module, wrapped: nn.Module, x: torch.Tensor, g: torch.Tensor, repeats: int = 5,
+             warmup: int = 1) -> tuple[float, float, float]:
+    """(overhead fraction, median schedule time s, median plain time s), interleaved in one process."""
+    for _ in range(warmup):
+        _iteration(wrapped, x, g)
+        _iteration(plain, x, g)
+    tw, tp = [], []
+    for _ in range(repeats):
+        for m, acc in ((wrapped, tw), (plain, tp)):
+            _sync(x.device)
+            t0 = time.perf_counter()
+            _iteration(m, x, g)
+            _sync(x.device)
+            acc.append(time.perf_counter() - t0)
+    mw, mp = statistics.median(tw), statistics.median(tp)
+    return mw / mp - 1.0, mw, mp
