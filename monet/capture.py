@@ -92,16 +92,32 @@ def capture(model: nn.Module, example_input: torch.Tensor) -> OpGraph:
     raise ValueError("the model's output does not require a gradient: nothing to train")
 
 
+def _user_frame(e: BaseException) -> str:
+    """``file:line: code`` of the innermost frame outside torch, where the model did what failed."""
+    import os
+    import traceback
+
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(torch_dir)
+              and "/monet/" not in f.filename.replace(os.sep, "/")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
+
+
 def describe_trace_failure(e: BaseException) -> str:
     """One paragraph naming the operator or construct AOTAutograd could not trace, and what to do."""
     msg = str(e).strip().splitlines()
     first = msg[0] if msg else type(e).__name__
+    text = f"{type(e).__name__}: {e}"
     hint = ""
-    text = str(e)
-    if "data-dependent" in text or "GuardOnDataDependentSymNode" in type(e).__name__ or "Could not guard on data-dependent" in text:
-        hint = (" The model branches on tensor values (data-dependent control flow, .item(), "
-                "nonzero); make the branch independent of the data or move it out of the model.")
+    if ("DataDependent" in text or "data-dependent" in text or "_local_scalar_dense" in text
+            or "GuardOnDataDependentSymNode" in text):
+        hint = (" The model reads tensor values in Python (data-dependent control flow such as "
+                "`if x.sum() > 0`, .item(), .tolist(), nonzero); make the control flow independent of "
+                "the data or move it out of the model.")
     elif "fake" in text.lower() or "meta" in text.lower():
         hint = " An operator has no fake-tensor (meta) implementation; register one or replace the operator."
-    return (f"could not trace the model with AOTAutograd: {type(e).__name__}: {first}.{hint} "
-            f"Only models that torch.func / AOTAutograd can trace are supported.")
+    return (f"could not trace the model with AOTAutograd{_user_frame(e)}: {type(e).__name__}: {first}.{hint} "
+            f"Only models that AOTAutograd can trace are supported.")

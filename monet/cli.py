@@ -196,6 +196,10 @@ def _input_shape(model_name: str, text: str | None) -> tuple[int, ...]:
     if shape is not None:
         return shape
     spec = MODELS.get(model_name.strip())
+    text = model_name.strip()
+    if spec is None and not (text.startswith("torchvision.models.") or ".py:" in text):
+        raise CLIError(f"unknown model {model_name!r}: expected a zoo name ({', '.join(MODELS)}), "
+                       "'torchvision.models.<builder>()' or 'path/to/file.py:factory'")
     if spec is None:
         raise CLIError(f"{model_name!r} is not a zoo model: pass --input-shape (one sample, without the "
                        "batch dimension, e.g. --input-shape 3,224,224)")
@@ -294,9 +298,18 @@ def _solution_fields(meta) -> dict:
                 device=meta.device, cost_source=meta.cost_source)
 
 
+def _parse_budget(text: str, eager_peak_bytes: int | None = None) -> int:
+    from monet.solver.solve import parse_budget
+
+    try:
+        return parse_budget(text, eager_peak_bytes)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
 def _cmd_solve(args) -> int:
     from monet.solution import describe, save_solution
-    from monet.solver.solve import MODES, eager_peak, min_budget, parse_budget, solve
+    from monet.solver.solve import MODES, eager_peak, min_budget, solve
 
     if args.mode not in MODES:
         raise CLIError(f"mode {args.mode!r} is not available yet: this version of monet solves "
@@ -307,6 +320,9 @@ def _cmd_solve(args) -> int:
     if not output.parent.is_dir():
         raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
     shape = _input_shape(args.model, args.input_shape)
+    budget = None
+    if args.budget is not None and not args.budget.strip().endswith("%"):
+        budget = _parse_budget(args.budget)  # fail before the slow steps; "50%" needs the peak
     import torch
 
     # --cost analytic needs no device: a schedule for a GPU can be solved on a laptop
@@ -334,8 +350,8 @@ def _cmd_solve(args) -> int:
                        f"time limit {args.time_limit:g} s)") as s:
                 budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit)
                 s["note"] = f"{_size(budget)}, {'proven minimal' if proven else 'not proven minimal'}"
-        else:
-            budget = parse_budget(args.budget, eager)
+        elif budget is None:
+            budget = _parse_budget(args.budget, eager)
         with _step(f"solving at a budget of {_size(budget)} ({budget} bytes), mode {args.mode}, "
                    f"{args.solver}, time limit {args.time_limit:g} s") as s:
             sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
@@ -822,8 +838,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from monet.solution import SolutionFileError, SolutionMismatchError
     from monet.solver.ilp import InfeasibleBudgetError
 
-    return (CLIError, InfeasibleBudgetError, SolutionFileError, SolutionMismatchError, CaptureError,
-            ValueError, FileNotFoundError)
+    return CLIError, InfeasibleBudgetError, SolutionFileError, SolutionMismatchError, CaptureError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,6 +104,7 @@ class Row:
     overhead: float | None = None
     median_s: float | None = None
     solve_s: float | None = None
+    first_call_s: float | None = None
     status: str = ""
     gap: float | None = None
     note: str = ""
@@ -132,6 +133,8 @@ class ModelResult:
     plain_measured: int | None = None
     plain_time: float | None = None
     rows: list[Row] = field(default_factory=list)
+    repeats: int = 0
+    plain_medians: list[float] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
 
@@ -166,28 +169,32 @@ def costs_with_profiled_workspace(model, x, graph, log):
     return costs_for(graph, table), table
 
 
-def _time_plain(model, x, g, repeats: int, warmup: int) -> float:
+def _one_iteration_s(model, x, g) -> float:
     from monet.profiling.check import _iteration
-    for _ in range(warmup):
-        _iteration(model, x, g)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _iteration(model, x, g)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    t0 = time.perf_counter()
+    _iteration(model, x, g)
+    return time.perf_counter() - t0
 
 
-def _measure(row: Row, model, candidate, x, g, repeats: int, warmup: int, log) -> None:
+def timed_repeats(iteration_s: float, minimum: int, target_s: float = 2.0, cap: int = 11) -> int:
+    """Timed iterations per side: at least ``minimum``, more for short iterations (about
+    ``target_s`` seconds per side), at most ``cap``; odd, so the median is one measurement."""
+    n = max(minimum, min(cap, int(target_s / max(iteration_s, 1e-6)) + 1))
+    return n if n % 2 else n + 1
+
+
+def _measure(res: ModelResult, row: Row, model, candidate, x, g, warmup: int, log) -> None:
     """Measured peak and interleaved overhead of ``candidate`` against ``model`` into ``row``."""
     from monet.profiling.check import measure_iteration_peak, overhead
 
     t0 = time.perf_counter()
     row.measured = measure_iteration_peak(candidate, x, g)  # its warm-up iteration traces / compiles
-    t_peak = time.perf_counter() - t0
-    row.overhead, row.median_s, _ = overhead(model, candidate, x, g, repeats=repeats, warmup=warmup)
+    row.first_call_s = time.perf_counter() - t0
+    row.overhead, row.median_s, plain_s = overhead(model, candidate, x, g, repeats=res.repeats, warmup=warmup)
+    res.plain_medians.append(plain_s)
     log(f"  {row.method}: measured {row.measured / MiB:.1f} MiB, overhead {row.overhead * 100:+.1f} % "
-        f"(peak measurement incl. first call {t_peak:.1f} s)")
+        f"(median {row.median_s:.3f} s vs plain {plain_s:.3f} s; peak measurement incl. first call "
+        f"{row.first_call_s:.1f} s)")
 
 
 def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
@@ -222,11 +229,12 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
 
     log("  plain PyTorch")
     res.plain_measured = measure_iteration_peak(model, x, g)
-    res.plain_time = _time_plain(model, x, g, args.repeats, args.warmup)
-    res.rows.append(Row("PyTorch", predicted=res.eager_sim, measured=res.plain_measured,
-                        median_s=res.plain_time, overhead=0.0))
+    one = min(_one_iteration_s(model, x, g) for _ in range(2))
+    res.repeats = timed_repeats(one, args.repeats)
+    plain_row = Row("PyTorch", predicted=res.eager_sim, measured=res.plain_measured, overhead=0.0)
+    res.rows.append(plain_row)
     log(f"  plain: simulated {res.eager_sim / MiB:.1f} MiB, measured {res.plain_measured / MiB:.1f} MiB, "
-        f"median {res.plain_time:.3f} s")
+        f"one iteration {one:.3f} s: {res.repeats} timed repeats per side")
 
     # MONeT
     targets: list[tuple[str, int | None]] = [(f"{p} %", parse_budget(f"{p}%", res.eager_sim)) for p in PERCENTS]
@@ -261,14 +269,15 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
         row.solve_s = time.perf_counter() - t0
         m = sol.meta
         row.predicted, row.status, row.gap = m.predicted_peak_bytes, m.status, m.gap
-        rc = sol.schedule.recompute_count if hasattr(sol.schedule, "recompute_count") else None
+        rc = getattr(sol.schedule, "recompute_count", None)
+        rc = rc() if callable(rc) else rc
         if rc is not None:
             row.note = "; ".join(s for s in (row.note, f"{rc} recomputations") if s)
         log(f"  solved in {row.solve_s:.1f} s: {m.status}, predicted {m.predicted_peak_bytes / MiB:.1f} MiB, "
             f"gap {m.gap if m.gap is not None else float('nan'):.3%}")
         try:
             wrapped = MONeTWrapper(model, sol, cfg.input_shape)
-            _measure(row, model, wrapped, x, g, args.repeats, args.warmup, log)
+            _measure(res, row, model, wrapped, x, g, args.warmup, log)
         except Exception as e:  # noqa: BLE001
             row.note = "; ".join(s for s in (row.note, "run failed: " + _err(e)) if s)
             log(f"  {label}: run failed: {_err(e)}")
@@ -286,10 +295,12 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
         log(f"  {label}")
         try:
             peer = make()
-            if hasattr(peer, "segments") and hasattr(peer, "extra_repr"):
+            if hasattr(peer, "segments"):
                 row.note = peer.extra_repr()
-            _measure(row, model, peer, x, g, args.repeats, args.warmup, log)
+            _measure(res, row, model, peer, x, g, args.warmup, log)
             row.status = "ok"
+            if "compile" in label:
+                row.note = f"first (compiling) call + peak measurement {row.first_call_s:.0f} s"
         except Exception as e:  # noqa: BLE001 - reported in the table
             row.status = "error"
             row.note = _err(e)
@@ -298,6 +309,8 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
         peer = None
         _release()
     torch._dynamo.reset()
+    if res.plain_medians:
+        res.plain_time = plain_row.median_s = statistics.median(res.plain_medians)
     res.seconds = time.perf_counter() - t_model
     log(f"{name} done in {res.seconds:.0f} s")
     return res
@@ -338,7 +351,7 @@ def model_table(res: ModelResult) -> str:
                      _pct(r.pred_error), _pct(r.overhead), "" if r.median_s is None else f"{r.median_s:.3f}",
                      "" if r.solve_s is None else f"{r.solve_s:.1f}", r.status,
                      "" if r.gap is None else _pct(r.gap, signed=False), r.note])
-    return md_table(header, rows, "lrrrrlrrrrllll")
+    return md_table(header, rows, "lrrrrlrrrrlll")
 
 
 def machine() -> dict[str, str]:
@@ -378,10 +391,12 @@ NOTES = """\
   (`profile_costs`, repeats=1, warmup=0: a workspace is deterministic, oneDNN's reorders are real
   temporaries). Times are therefore not measured ones: the ILP minimises modelled recomputation time.
 - **Overhead** is median iteration time / median plain-PyTorch time - 1, both measured in this process,
-  interleaved (`monet.profiling.check.overhead`, REPEATS repeats after WARMUP warm-up). CPU times on
+  interleaved (`monet.profiling.check.overhead`: WARMUP warm-up, then at least REPEATS timed iterations
+  per side, more for short iterations, see each model's line). CPU times on
   these shared machines drift by about 20 % between runs (other processes share the 2 cores): only
   the interleaved ratios in one process are worth quoting, and differences of a few percent are noise.
-  *median s* is the candidate's own median; the PyTorch row's is a separate run.
+  *median s* is the candidate's own median; the PyTorch row's is the median of plain PyTorch's
+  medians over all the interleaved measurements of the model.
 - **Solve s** is wall time of the solve call (for *min budget*: the min-budget ILP plus the solve at
   that budget); a `time_limit` status means CBC stopped at the time limit with the gap shown (the
   gap's bound is the LP relaxation when CBC did not prove optimality).
@@ -425,7 +440,8 @@ def write_markdown(path: Path, results: list[ModelResult], args, command: str, s
             out += [f"The benchmark of this model failed: `{r.error}`", ""]
         if r.rows:
             out += [f"Plain PyTorch: simulated peak {_mib(r.eager_sim)} MiB, measured {_mib(r.plain_measured)} MiB, "
-                    f"median iteration {r.plain_time:.3f} s." if r.plain_time is not None else "", "",
+                    + (f"median iteration {r.plain_time:.3f} s" if r.plain_time is not None else "")
+                    + f"; {r.repeats} timed iterations per side in each overhead measurement.", "",
                     model_table(r), ""]
     notes = NOTES.replace("REPEATS", str(args.repeats)).replace("WARMUP", str(args.warmup))
     out += ["## Notes", "", notes, GPU_TABLE, ""]
@@ -447,7 +463,8 @@ def parse_args(argv=None):
     p.add_argument("--image-size", type=int, default=None, help="override the image side (image models)")
     p.add_argument("--seq-len", type=int, default=None, help="override the sequence length (gpt2-small)")
     p.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
-    p.add_argument("--repeats", type=int, default=3, help="timed iterations per method in `overhead` (default 3)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="least timed iterations per side in `overhead`, more for short iterations (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up iterations before timing (default 1)")
     p.add_argument("--compile-budgets", default=",".join(f"{b:g}" for b in COMPILE_BUDGETS),
                    help="activation_memory_budget settings for the torch.compile peer")

@@ -184,11 +184,22 @@ class _Problem:
         return S.reshape(T, G), R.reshape(T, N)
 
     def integral(self) -> bool:
-        """True when the solver's values exist and are 0/1 (a time-limited CBC may return a fractional point)."""
+        """True when the solver's values exist, are 0/1 and, rounded, satisfy every dependency constraint.
+
+        A CBC stopped by its time limit may hand back a fractional point, or an integral point of a
+        node it had not finished, through cvxpy: neither is trusted.
+        """
         for v in (self.r, self.s):
             if v is not None and (v.value is None or np.max(np.abs(v.value - np.round(v.value)), initial=0) > 1e-4):
                 return False
-        return True
+        saved = [(v, v.value) for v in (self.r, self.s) if v is not None]
+        for v, val in saved:
+            v.value = np.round(val)
+        try:
+            return all(np.max(c.violation(), initial=0) <= 1e-6 for c in self.cons)
+        finally:
+            for v, val in saved:
+                v.value = val
 
     def fractional_s(self) -> np.ndarray | None:
         """(T, G) fractional S from the solver's values, or None."""

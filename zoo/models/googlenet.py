@@ -78,29 +78,35 @@ class GoogLeNet(nn.Module):
     Args:
         num_classes: size of the output.
         dropout: dropout probability before the last linear layer.
+        width_div: divide every channel count by this (1 = the real network; small test
+            variants use 8).
     """
 
-    def __init__(self, num_classes: int = 1000, dropout: float = 0.2) -> None:
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.2, width_div: int = 1) -> None:
         super().__init__()
-        self.conv1 = BasicConv2d(3, 64, kernel_size=7, stride=2, padding=3)
+
+        def c(*channels):
+            return [max(1, ch // width_div) for ch in channels]
+
+        self.conv1 = BasicConv2d(3, *c(64), kernel_size=7, stride=2, padding=3)
         self.maxpool1 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
-        self.conv2 = BasicConv2d(64, 64, kernel_size=1)
-        self.conv3 = BasicConv2d(64, 192, kernel_size=3, padding=1)
+        self.conv2 = BasicConv2d(*c(64, 64), kernel_size=1)
+        self.conv3 = BasicConv2d(*c(64, 192), kernel_size=3, padding=1)
         self.maxpool2 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
 
-        self.inception3a = Inception(192, 64, 96, 128, 16, 32, 32)
-        self.inception3b = Inception(256, 128, 128, 192, 32, 96, 64)
+        self.inception3a = Inception(*c(192, 64, 96, 128, 16, 32, 32))
+        self.inception3b = Inception(*c(256, 128, 128, 192, 32, 96, 64))
         self.maxpool3 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
 
-        self.inception4a = Inception(480, 192, 96, 208, 16, 48, 64)
-        self.inception4b = Inception(512, 160, 112, 224, 24, 64, 64)
-        self.inception4c = Inception(512, 128, 128, 256, 24, 64, 64)
-        self.inception4d = Inception(512, 112, 144, 288, 32, 64, 64)
-        self.inception4e = Inception(528, 256, 160, 320, 32, 128, 128)
+        self.inception4a = Inception(*c(480, 192, 96, 208, 16, 48, 64))
+        self.inception4b = Inception(*c(512, 160, 112, 224, 24, 64, 64))
+        self.inception4c = Inception(*c(512, 128, 128, 256, 24, 64, 64))
+        self.inception4d = Inception(*c(512, 112, 144, 288, 32, 64, 64))
+        self.inception4e = Inception(*c(528, 256, 160, 320, 32, 128, 128))
         self.maxpool4 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
 
-        self.inception5a = Inception(832, 256, 160, 320, 32, 128, 128)
-        self.inception5b = Inception(832, 384, 192, 384, 48, 128, 128)
+        self.inception5a = Inception(*c(832, 256, 160, 320, 32, 128, 128))
+        self.inception5b = Inception(*c(832, 384, 192, 384, 48, 128, 128))
 
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.dropout = nn.Dropout(p=dropout)
@@ -129,9 +135,9 @@ class GoogLeNet(nn.Module):
         return self.fc(self.dropout(x))
 
 
-def googlenet(num_classes: int = 1000, *, dropout: float = 0.2) -> GoogLeNet:
+def googlenet(num_classes: int = 1000, *, dropout: float = 0.2, width_div: int = 1) -> GoogLeNet:
     """GoogLeNet as torchvision builds it without auxiliary heads: 6,624,904 parameters.
 
-    Default input: (3, 224, 224).
+    Default input: (3, 224, 224).  ``width_div`` > 1 builds a narrower variant for fast tests.
     """
-    return GoogLeNet(num_classes, dropout)
+    return GoogLeNet(num_classes, dropout, width_div)

@@ -1,0 +1,202 @@
+"""The command line, run in-process through ``monet.cli.main`` on a small user model file."""
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from monet.cli import main
+from monet.solution import load_solution
+
+TINY_MODEL = textwrap.dedent("""\
+    from torch import nn
+
+
+    def build():
+        layers = [nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()]
+        for _ in range(4):
+            layers += [nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()]
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)]
+        return nn.Sequential(*layers)
+    """)
+
+SOLVE_KEYS = {"status", "objective", "bound", "gap", "solve_time_s", "budget_bytes", "predicted_peak_bytes",
+              "eager_peak_bytes", "output"}
+CHECK_KEYS = SOLVE_KEYS - {"output"} | {"peak_bytes", "eager_measured_peak_bytes", "max_grad_rel_diff",
+                                        "overhead"}
+
+
+def last_json(text: str) -> dict:
+    lines = text.strip().splitlines()
+    assert lines, "nothing on stdout"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def model_arg(workdir):
+    path = workdir / "tiny_net.py"
+    path.write_text(TINY_MODEL)
+    return f"{path}:build"
+
+
+def solve_args(model_arg, *extra):
+    return ["solve", model_arg, "--batch-size", "2", "--input-shape", "3,16,16", *extra]
+
+
+@pytest.fixture(scope="module")
+def solved(model_arg, workdir):
+    """``monet solve ... --budget 80% --json`` with measured workspace (so the measured peak can
+    be held to the budget), run once for the module: (stdout, stderr, exit code, solution path)."""
+    out = workdir / "tiny.pkl"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(solve_args(model_arg, "--budget", "80%", "--cost", "hybrid", "--cache-dir",
+                               str(workdir / "cache"), "--json", "-o", str(out)))
+    return stdout.getvalue(), stderr.getvalue(), code, out
+
+
+def test_help_lists_commands_with_examples(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("solve", "check", "profile", "demo", "zoo", "examples:", "6GB", "50%"):
+        assert word in text
+
+
+@pytest.mark.parametrize("command", ["solve", "check", "profile", "demo"])
+def test_command_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    assert "examples" in capsys.readouterr().out or command == "demo"
+
+
+def test_solve_json(solved):
+    stdout, stderr, code, out = solved
+    assert code == 0, stderr
+    result = last_json(stdout)
+    assert SOLVE_KEYS <= result.keys()
+    assert result["status"] in ("optimal", "time_limit")
+    assert result["output"] == str(out)
+    assert result["predicted_peak_bytes"] <= result["budget_bytes"] == int(0.8 * result["eager_peak_bytes"])
+    assert result["bound"] <= result["objective"] + 1e-12
+    for step in ("capturing", "costing", "solving"):
+        assert step in stderr
+    sol = load_solution(out)
+    assert sol.meta.budget_bytes == result["budget_bytes"]
+    assert sol.meta.batch_size == 2 and sol.meta.input_shape == (3, 16, 16)
+
+
+def test_check_json(solved, capsys):
+    *_, out = solved
+    code = main(["check", str(out), "--check-diff", "--run-bs", "--json"])
+    captured = capsys.readouterr()
+    result = last_json(captured.out)
+    assert code == 0, captured.err
+    assert CHECK_KEYS <= result.keys()
+    assert result["peak_bytes"] <= result["budget_bytes"]
+    assert result["max_grad_rel_diff"] <= 1e-5
+    assert result["grads_bitwise_equal"] is True  # recomputation only: bitwise on CPU
+    assert result["peak_bytes"] < result["eager_measured_peak_bytes"]
+    assert result["overhead"] is None  # not asked for
+
+
+def test_check_runtime(solved, capsys):
+    *_, out = solved
+    assert main(["check", str(out), "--check-runtime", "--repeats", "1", "--json"]) == 0
+    result = last_json(capsys.readouterr().out)
+    assert isinstance(result["overhead"], float) and result["overhead"] > -1
+    assert result["peak_bytes"] is None
+
+
+def test_infeasible_budget(model_arg, workdir, capsys):
+    code = main(solve_args(model_arg, "--budget", "1KB", "--json", "-o", str(workdir / "never.pkl")))
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "monet: error:" in captured.err and "smallest feasible budget" in captured.err
+    assert "Traceback" not in captured.err
+    error = last_json(captured.out)
+    assert "smallest feasible budget" in error["error"] and error["min_budget_bytes"] > 1024
+    assert not (workdir / "never.pkl").exists()
+
+
+def test_min_budget(model_arg, workdir, capsys):
+    out = workdir / "min.pkl"
+    assert main(solve_args(model_arg, "--min-budget", "--json", "-o", str(out))) == 0
+    result = last_json(capsys.readouterr().out)
+    assert result["predicted_peak_bytes"] <= result["budget_bytes"] < result["eager_peak_bytes"]
+    assert load_solution(out).meta.budget_bytes == result["budget_bytes"]
+
+
+@pytest.mark.parametrize("content", [b"", b"not a solution at all", b"MONET-SOLUTION\n\x01\x80\x04garbage"])
+def test_corrupt_solution_is_a_clean_error(content, workdir, capsys):
+    path = workdir / "corrupt.pkl"
+    path.write_bytes(content)
+    assert main(["check", str(path), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("monet: error: ") and str(path) in captured.err
+    assert "Traceback" not in captured.err
+    assert "error" in last_json(captured.out)
+
+
+def test_missing_solution(workdir, capsys):
+    assert main(["check", str(workdir / "absent.pkl")]) == 2
+    assert "no such solution file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "6 parsecs"], "cannot read budget"),
+    (["--budget", "1GB", "--mode", "inplace_conv_multiway_newnode"], "not available yet"),
+    (["--budget", "1GB", "--gpu-spec", "k80"], "unknown device preset"),
+])
+def test_bad_arguments(model_arg, workdir, capsys, args, message):
+    assert main(solve_args(model_arg, *args, "-o", str(workdir / "x.pkl"))) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("monet: error: ") and message in err
+
+
+def test_unknown_model(workdir, capsys):
+    assert main(["solve", "resnet5O", "-b", "2", "--budget", "1GB", "-o", str(workdir / "x.pkl")]) == 2
+    assert "unknown model" in capsys.readouterr().err
+
+
+def test_mismatched_model(solved, workdir, capsys):
+    """check --model with another model: the solution does not fit, said in one line."""
+    *_, out = solved
+    other = workdir / "other_net.py"
+    other.write_text(TINY_MODEL.replace("range(4)", "range(3)"))
+    assert main(["check", str(out), "--model", f"{other}:build", "--check-diff"]) == 2
+    err = capsys.readouterr().err
+    assert "monet: error:" in err and "another graph" in err and "Traceback" not in err
+
+
+def test_profile_writes_table(model_arg, workdir, capsys):
+    out = workdir / "tiny.csv"
+    assert main(["profile", model_arg, "-b", "2", "--input-shape", "3,16,16", "--repeats", "1",
+                 "--warmup", "0", "--top", "3", "-o", str(out)]) == 0
+    from monet.profiling.profiler import load_costs
+    table = load_costs(out)
+    assert len(table) > 0 and (table["workspace_bytes"] >= 0).all()
+    assert "slowest 3 of" in capsys.readouterr().out
+
+
+def test_zoo_list_is_honest(capsys):
+    assert main(["zoo", "list"]) == 0
+    assert "no prebuilt schedules yet" in capsys.readouterr().out
+
+
+def test_console_script_exit_status(model_arg, workdir):
+    """The installed entry point: errors exit non-zero with one line and no traceback."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from monet.cli import main; sys.exit(main())",
+                           "check", str(workdir / "absent.pkl")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("monet: error:") and "Traceback" not in proc.stderr

@@ -1,0 +1,85 @@
+"""The ILP's memory expressions against the simulator, and the simulator against measurement."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from monet.capture import capture
+from monet.executor import ScheduleError, build_modules, emit_backward
+from monet.profiling.check import measure_iteration_peak, output_grad
+from monet.profiling.costs import analytic_costs, costs_for
+from monet.profiling.profiler import profile_costs
+from monet.schedule import schedule_from_matrices
+from monet.simulate import simulate
+from monet.solution import Schedule, Stage
+from monet.solver import ilp
+from monet.solver.repair import repair
+from monet.solver.solve import memory_model
+from monet.wrapper import scheduled_module
+from monet.zoo.models import get_model
+from usernet import UserNet
+
+
+@pytest.fixture(scope="module", params=["user", "resnet50"])
+def case(request):
+    torch.manual_seed(0)
+    if request.param == "user":
+        model, x = UserNet(), torch.randn(4, 3, 16, 16)
+    else:
+        model, x = get_model("resnet50", base_width=4, layers=(1, 1, 1, 1), num_classes=10), torch.randn(4, 3, 32, 32)
+    graph = capture(model, x)
+    table = analytic_costs(graph)
+    table["workspace_bytes"] = profile_costs(model, x, graph, "cpu", repeats=1, warmup=0,
+                                             progress=False)["workspace_bytes"].values
+    costs = costs_for(graph, table)
+    return model, x, graph, costs, memory_model(graph, costs)
+
+
+def _random_schedules(graph, mem, n, seed=0):
+    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        keep = rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9)
+        yield repair(graph, mem, keep, P.allow_s)
+
+
+def test_ilp_memory_bounds_simulator(case):
+    """On many schedules the ILP's peak is >= the simulated one (so fitting the ILP fits the budget)."""
+    _, _, graph, costs, mem = case
+    for S, R in _random_schedules(graph, mem, 25):
+        sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
+        fw, bw = build_modules(graph, sched)
+        sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace)
+        assert sim.peak_bytes <= mem.peak(S, R) + 1
+        assert sim.fwd_peak_bytes <= mem.fwd_peak(S[0]) + 1
+
+
+def test_forward_expression_exact_when_everything_is_kept(case):
+    _, _, graph, costs, mem = case
+    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "none")
+    S, R = repair(graph, mem, np.ones((P.T, P.G), dtype=bool), P.allow_s)
+    fw, bw = build_modules(graph, schedule_from_matrices(graph, mem.group_to_node(S), R))
+    sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace)
+    assert sim.fwd_peak_bytes == mem.fwd_peak(S[0])
+
+
+def test_simulator_equals_measurement(case):
+    """The simulator's peak equals the allocator's on random schedules (within 2 %, usually exact)."""
+    model, x, graph, costs, mem = case
+    g = output_grad(model, x)
+    for S, R in _random_schedules(graph, mem, 3, seed=1):
+        sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
+        fw, bw = build_modules(graph, sched)
+        predicted = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
+        measured = measure_iteration_peak(scheduled_module(copy.deepcopy(model), lambda _g, s=sched: s), x, g)
+        assert abs(predicted - measured) <= 0.02 * measured, (predicted, measured)
+
+
+def test_invalid_schedule_refused(case):
+    _, _, graph, _, _ = case
+    nothing = Schedule(saved=(), stages=[Stage(backward=t) for t in range(len(graph.bwd))])
+    with pytest.raises(ScheduleError, match="neither keeps nor recomputes"):
+        emit_backward(graph, nothing)

@@ -1,0 +1,156 @@
+"""MONeTWrapper on a user model: training steps, nn.Module behaviour and refusals of bad input."""
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from monet.capture import CaptureError, capture
+from monet.profiling.costs import analytic_costs, costs_for
+from monet.solution import MAGIC, FORMAT_VERSION, SolutionFileError, SolutionMismatchError, save_solution
+from monet.solver.ilp import InfeasibleBudgetError
+from monet.solver.solve import eager_peak, solve
+from monet.wrapper import MONeTWrapper
+from usernet import UserNet
+
+
+SHAPE = (3, 16, 16)
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def solved():
+    torch.manual_seed(0)
+    model = UserNet()
+    x = torch.randn(BATCH, *SHAPE)
+    graph = capture(model, x)
+    costs = costs_for(graph, analytic_costs(graph))
+    budget = int(0.7 * eager_peak(graph, costs))
+    sol = solve(graph, costs, budget, "normal", time_limit=20,
+                info=dict(model="UserNet", batch_size=BATCH, input_shape=SHAPE, dtype="float32"))
+    return model, x, graph, costs, sol
+
+
+def test_solution_recomputes(solved):
+    *_, sol = solved
+    assert sol.schedule.recompute_count() > 0
+    assert sol.meta.predicted_peak_bytes <= sol.meta.budget_bytes < sol.meta.eager_peak_bytes
+
+
+def test_three_sgd_steps_bitwise(solved):
+    """Three SGD steps with the wrapper give the same losses and weights as plain PyTorch, bit for bit."""
+    model, x, _, _, sol = solved
+    y = torch.randint(0, 5, (BATCH,))
+
+    def train(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        torch.manual_seed(1)  # same dropout masks
+        losses = []
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return losses
+
+    plain = copy.deepcopy(model)
+    wrapped = MONeTWrapper(copy.deepcopy(model), sol, SHAPE)
+    lp, lw = train(plain), train(wrapped)
+    assert all(torch.equal(a, b) for a, b in zip(lp, lw)), (lp, lw)
+    for (n, a), (_, b) in zip(plain.state_dict().items(), wrapped.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_module_behaviour(solved):
+    model, x, _, _, sol = solved
+    wrapped = MONeTWrapper(copy.deepcopy(model), sol, SHAPE)
+    assert list(wrapped.state_dict()) == list(model.state_dict())  # same keys as the original
+    assert [p.shape for p in wrapped.parameters()] == [p.shape for p in model.parameters()]
+    wrapped.load_state_dict(model.state_dict())
+    wrapped.eval()
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), copy.deepcopy(model).eval()(x))
+    wrapped.train()
+    wrapped.to(torch.float32)  # a move re-traces on the next call
+    wrapped(x).sum().backward()
+    assert all(p.grad is not None for p in wrapped.parameters())
+
+
+def test_other_batch_size_refused(solved):
+    model, x, _, _, sol = solved
+    wrapped = MONeTWrapper(copy.deepcopy(model), sol, SHAPE)
+    before = copy.deepcopy(wrapped.state_dict())
+    with pytest.raises(SolutionMismatchError, match=r"batch size differs \(made for 8, called with 4\)"):
+        wrapped(x[:4])
+    assert all(torch.equal(before[k], v) for k, v in wrapped.state_dict().items())  # nothing changed
+
+
+def test_other_input_shape_refused(solved):
+    model, *_ = solved
+    sol = solved[-1]
+    with pytest.raises(SolutionMismatchError, match="input shape differs"):
+        MONeTWrapper(copy.deepcopy(model), sol, (3, 32, 32))
+
+
+def test_other_model_refused(solved):
+    *_, sol = solved
+    other = UserNet(c=12)  # same input shape and batch, another graph
+    wrapped = MONeTWrapper(other, sol, SHAPE)
+    with pytest.raises(SolutionMismatchError, match="first difference at node"):
+        wrapped(torch.randn(BATCH, *SHAPE))
+
+
+def test_truncated_file_refused(solved, tmp_path):
+    model, *_, sol = solved
+    path = tmp_path / "s.pkl"
+    save_solution(sol, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SolutionFileError, match="truncated"):
+        MONeTWrapper(copy.deepcopy(model), path, SHAPE)
+
+
+class _Evil:
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_code_running_pickle_refused(solved, tmp_path):
+    model, *_ = solved
+    target = tmp_path / "pwned"
+    path = tmp_path / "evil.pkl"
+    path.write_bytes(MAGIC + bytes([FORMAT_VERSION]) + pickle.dumps(_Evil(target), protocol=4))
+    with pytest.raises(SolutionFileError, match="refusing to load"):
+        MONeTWrapper(copy.deepcopy(model), path, SHAPE)
+    assert not target.exists()
+
+
+def test_budget_below_smallest_names_it(solved):
+    _, _, graph, costs, _ = solved
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest (feasible )?budget( found feasible)? is \d+ bytes"):
+        solve(graph, costs, 1000, "normal", time_limit=10)
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: cannot be traced ahead of time
+            return self.lin(x)
+        return self.lin(-x)
+
+
+def test_untraceable_model_names_the_construct():
+    with pytest.raises(CaptureError, match="data-dependent"):
+        capture(Branchy(), torch.randn(2, 4))
