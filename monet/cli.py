@@ -101,8 +101,9 @@ _DEMO_EPILOG = f"""\
 The demo builds {DEMO_MODEL} (the real architecture) at batch {DEMO_BATCH} and input
 {"x".join(map(str, DEMO_SHAPE))}, captures it, costs it (analytic times, workspace from a quick
 profile, cached), solves the ILP at 50 % of plain PyTorch's simulated peak (or at the smallest
-feasible budget if that is lower than possible), then trains 3 SGD steps with the schedule and with
-plain PyTorch from the same weights and prints measured peaks, overhead and gradient differences.
+feasible budget the solver finds when 50 % is infeasible, and says so), then trains 3 SGD steps with
+the schedule and with plain PyTorch from the same weights and data, and prints the measured peaks,
+the overhead, the gradient difference and whether the losses are bit-identical.
 """
 
 
@@ -340,6 +341,9 @@ def _cmd_solve(args) -> int:
         table = _costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
         costs = _cost_arrays(graph, table)
         s["note"] = f"plain iteration {1e3 * costs.total_time:.1f} ms predicted"
+    if args.cost == "analytic":
+        _log("note: analytic costs count no kernel workspace, so the measured peak can exceed the "
+             "budget by the kernels' temporaries; --cost hybrid or --cost profile measure them")
     eager = eager_peak(graph, costs)
     _log(f"plain PyTorch's simulated peak: {_size(eager)} ({eager} bytes)")
     info = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
@@ -461,22 +465,6 @@ def _cmd_profile(args) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _strip_prefix(d: dict, prefix: str = "model.") -> dict:
-    return {k.removeprefix(prefix): v for k, v in d.items()}
-
-
-def _gradient_check(plain_model, wrapped, x, g):
-    """(max relative difference, gradients bitwise equal, buffers bitwise equal) after one iteration."""
-    from monet.profiling import check as chk
-
-    gw, bw = chk.grads_and_buffers(wrapped, x, g)
-    gp, bp = chk.grads_and_buffers(plain_model, x, g)
-    gw, bw = _strip_prefix(gw), _strip_prefix(bw)  # MONeTWrapper holds the model as .model
-    equal = gw.keys() == gp.keys() and all(bool((gw[k] == gp[k]).all()) for k in gw)
-    bequal = bw.keys() == bp.keys() and all(bool((bw[k] == bp[k]).all()) for k in bw)
-    return chk.max_rel_diff(gw, gp), equal, bequal
-
-
 def _cmd_check(args) -> int:
     import torch
 
@@ -514,16 +502,18 @@ def _cmd_check(args) -> int:
     try:
         if want_diff:
             with _step("comparing gradients with plain PyTorch (one iteration, same weights and RNG)"):
-                diff, equal, bequal = _gradient_check(copy.deepcopy(model), wrapped_model(), x, g)
+                diff, equal, bequal = chk.compare_gradients(lambda: copy.deepcopy(model), wrapped_model, x, g)
             results.update(max_grad_rel_diff=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
+        if want_bs or want_rt:
+            wrapped, plain = wrapped_model(), copy.deepcopy(model)
         if want_bs:
             with _step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
-                results["peak_bytes"] = chk.measure_iteration_peak(wrapped_model(), x, g)
-                results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(copy.deepcopy(model), x, g)
+                results["peak_bytes"] = chk.measure_iteration_peak(wrapped, x, g)
+                results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(plain, x, g)
         if want_rt:
             with _step(f"timing the schedule against plain PyTorch ({args.repeats} interleaved iterations)"):
-                frac, tw, tp = chk.overhead(copy.deepcopy(model), wrapped_model(), x, g,
-                                            repeats=args.repeats, warmup=1)
+                frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats,
+                                            warmup=0 if want_bs else 1)
             results.update(overhead=frac, median_time_s=tw, eager_median_time_s=tp)
     except SolutionMismatchError as e:
         raise CLIError(f"{args.file} does not fit {model_name}: {e}") from None
@@ -560,7 +550,7 @@ def _cmd_check(args) -> int:
     for f in failures:
         print(f"monet: check failed: {f}", file=sys.stderr)
     if args.json:
-        _print_json({**_solution_fields(meta), **results, "file": str(args.file), "device": device,
+        _print_json({**_solution_fields(meta), **results, "file": str(args.file), "check_device": device,
                      "passed": not failures, "failures": failures})
     return EXIT_CHECK_FAILED if failures else 0
 
@@ -617,6 +607,7 @@ def _cmd_demo(args) -> int:
         with _step(f"solving the ILP at {_size(budget)} (CBC, time limit {args.time_limit:g} s)") as s:
             try:
                 sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
+                s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
             except InfeasibleBudgetError as e:
                 if e.min_budget_bytes is None:
                     raise
@@ -629,7 +620,7 @@ def _cmd_demo(args) -> int:
             _log(note)
             with _step(f"solving the ILP at {_size(budget)} (CBC, time limit {args.time_limit:g} s)") as s:
                 sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
-        s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
+                s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:
         raise CLIError(str(e)) from None
     print(describe(sol))
@@ -649,15 +640,15 @@ def _cmd_demo(args) -> int:
     losses_p, losses_w, grad_diff = [], [], 0.0
     with _step(f"training {args.steps} SGD steps with the schedule and with plain PyTorch"):
         for step in range(args.steps):
-            lw = lp = None
             for m, opt, acc in ((wrapped, opt_w, losses_w), (plain, opt_p, losses_p)):
                 torch.manual_seed(step)
                 opt.zero_grad(set_to_none=True)
                 loss = _loss(m(x), target, tokens)
                 loss.backward()
                 acc.append(loss.detach().clone())
-            gw = _strip_prefix({n: p.grad for n, p in wrapped.named_parameters() if p.grad is not None})
-            gp = {n: p.grad for n, p in plain.named_parameters() if p.grad is not None}
+            # by position: the wrapper's parameter names carry a "model." prefix
+            gw = {i: p.grad for i, p in enumerate(wrapped.parameters()) if p.grad is not None}
+            gp = {i: p.grad for i, p in enumerate(plain.parameters()) if p.grad is not None}
             grad_diff = max(grad_diff, chk.max_rel_diff(gw, gp))
             opt_w.step()
             opt_p.step()
@@ -668,13 +659,13 @@ def _cmd_demo(args) -> int:
     with _step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
         peak_w = chk.measure_iteration_peak(wrapped, x, g)
         peak_p = chk.measure_iteration_peak(plain, x, g)
-    with _step(f"timing {args.repeats} interleaved iterations of each"):
-        frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats, warmup=1)
+    with _step(f"timing {args.repeats} interleaved iterations of each"):  # both warm by now
+        frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats, warmup=0)
 
     rows = [("model", f"{args.model}, batch {args.batch_size}, input {'x'.join(map(str, shape))}, {device}"),
             ("plain PyTorch peak (measured)", _mib(peak_p)),
             ("monet peak (measured)", _mib(peak_w)),
-            ("budget", _mib(budget) + (" (smallest feasible)" if note else " (50 % of simulated plain peak)")),
+            ("budget", _mib(budget) + (" (smallest feasible found)" if note else " (50 % of simulated plain peak)")),
             ("monet peak (predicted)", _mib(sol.meta.predicted_peak_bytes)),
             ("memory saved", f"{100 * (1 - peak_w / peak_p):.1f} %"),
             ("overhead (measured)", f"{_pct(frac)} ({1e3 * tw:.0f} ms vs {1e3 * tp:.0f} ms per iteration)"),
@@ -709,8 +700,14 @@ def _cmd_zoo(args) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's examples as written; adds a default to an option's help when it has one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -732,7 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # solve
     p = sub.add_parser("solve", help="solve the ILP for a model, batch size and budget",
-                       description="Capture MODEL, cost every operator, solve MONeT's ILP at a memory "
+                       description="Capture MODEL, cost every operator, solve MONeT's ILP at a memory\n"
                                    "budget and write the schedule to a solution file.",
                        epilog=_SOLVE_EPILOG, formatter_class=_Formatter)
     model_args(p)
@@ -768,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # check
     p = sub.add_parser("check", help="check a solution: gradients, peak memory, overhead",
-                       description="Rebuild the solution's model and run its schedule against plain "
+                       description="Rebuild the solution's model and run its schedule against plain\n"
                                    "PyTorch. With no check flag, all three checks run.",
                        epilog=_CHECK_EPILOG, formatter_class=_Formatter)
     p.add_argument("file", metavar="FILE", help="solution file from monet solve")
@@ -789,7 +786,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # profile
     p = sub.add_parser("profile", help="measure operator times and workspace, write the cost table",
-                       description="Run MODEL's joint forward+backward graph op by op on a device and "
+                       description="Run MODEL's joint forward+backward graph op by op on a device and\n"
                                    "record each operator's time and workspace.",
                        epilog=_PROFILE_EPILOG, formatter_class=_Formatter)
     model_args(p)
@@ -841,19 +838,32 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     return CLIError, InfeasibleBudgetError, SolutionFileError, SolutionMismatchError, CaptureError
 
 
+def _quiet_and_steady_environment() -> None:
+    """Environment defaults for this process; a value the user set is kept.
+
+    * ``KINETO_LOG_LEVEL=6``: torch.profiler, which measures CPU memory here, otherwise prints two
+      kineto lines to stderr each time it starts and stops.
+    * ``OMP_WAIT_POLICY=PASSIVE``, only if torch is not imported yet (OpenMP reads it once): spinning
+      OpenMP threads made iterations 0.4 to 6 s on a shared 2-core machine, waiting ones are steady
+      (see BENCHMARKS.md, which sets it for the same reason).
+    """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script exits with it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    # torch.profiler (used to measure CPU memory) prints two kineto lines per use otherwise
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    _quiet_and_steady_environment()
     try:
         known = _known_errors()
         code = args.func(args)
     except KeyboardInterrupt:
         print("monet: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - known errors become one line, others keep their traceback
+    except Exception as e:  # known errors become one line, others keep their traceback
         if not isinstance(e, known):
             raise
         message = str(e).strip() or type(e).__name__

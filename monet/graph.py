@@ -128,6 +128,7 @@ class OpGraph:
         fingerprint: SHA-256 over ops, shapes and dtypes (see `fingerprint`).
         joint: the joint FX graph module (not pickled into solutions).
         num_fwd_outputs: how many of the joint outputs belong to the forward.
+        input_shape, input_dtype: the traced input's shape (batch first) and dtype ("float32").
     """
 
     fwd: list[Node]
@@ -144,6 +145,8 @@ class OpGraph:
     summary: list[str]
     joint: fx.GraphModule | None = None
     num_fwd_outputs: int = 0
+    input_shape: tuple[int, ...] = ()  # the traced input, batch dimension first
+    input_dtype: str = ""
 
     @property
     def bwd_reads(self) -> list[tuple[int, ...]]:
@@ -224,16 +227,12 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
                 raise ValueError(f"node {n.name} ({op_name(n)}) has no traced shape; cannot size its memory")
             if n.target is operator.getitem:
                 parent = n.args[0]
-                if parent.name in values or not is_alias(parent):
-                    # getitem of a multi-output op: the output owns its storage
-                    if parent.name in values and parent.name in alias_root and alias_root[parent.name] != parent.name:
-                        alias_root[n.name] = alias_root[parent.name]
-                    else:
-                        alias_root[n.name] = n.name
-                        values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in _tensors(n.meta["val"])),
-                                               parent.name)
-                else:  # getitem of a list of views (split, unbind)
+                if is_alias(parent):  # an element of a list of views (split, unbind)
                     alias_root[n.name] = alias_root[parent.name]
+                else:  # one output of a multi-output op: it owns its storage
+                    alias_root[n.name] = n.name
+                    values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in _tensors(n.meta["val"])),
+                                           parent.name)
             elif is_alias(n):
                 src = n.args[0]
                 alias_root[n.name] = alias_root[src.name] if isinstance(src, fx.Node) else n.name
@@ -320,7 +319,10 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
     # tangent of its own shape, so their bytes agree (mutated buffers have no tangent).
     output_bytes = tangent_bytes
 
-    return OpGraph(fwd=fwd, bwd=bwd, values=values, alias_root=alias_root, primal_kinds=kinds,
+    inputs = [p for p in placeholders if kinds.get(p.name) == "input" and isinstance(p.meta.get("val"), torch.Tensor)]
+    in_shape = tuple(int(d) for d in inputs[0].meta["val"].shape) if inputs else ()
+    in_dtype = str(inputs[0].meta["val"].dtype).removeprefix("torch.") if inputs else ""
+    return OpGraph(input_shape=in_shape, input_dtype=in_dtype, fwd=fwd, bwd=bwd, values=values, alias_root=alias_root, primal_kinds=kinds,
                    param_bytes=_bytes_of("param"), buffer_bytes=_bytes_of("buffer"),
                    input_bytes=_bytes_of("input"), output_bytes=output_bytes, tangent_bytes=tangent_bytes,
                    fingerprint=fingerprint(summary), summary=summary, joint=joint,

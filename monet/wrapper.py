@@ -9,7 +9,8 @@ import torch.nn as nn
 from monet.capture import kinds_by_name, primal_kinds, trace_joint
 from monet.executor import build_modules
 from monet.graph import build_opgraph
-from monet.solution import Schedule, Solution, SolutionMismatchError, check_compatible, load_solution
+from monet.solution import (Schedule, Solution, SolutionFileError, SolutionMismatchError, check_compatible,
+                            load_solution)
 
 
 def _boxed_forward(gm, _example_inputs):
@@ -70,9 +71,9 @@ class MONeTWrapper(nn.Module):
     def __init__(self, model: nn.Module, solution, input_shape):
         super().__init__()
         if isinstance(solution, (str, Path)) and str(solution).startswith("zoo:"):
-            from monet.zoo.store import load_zoo_solution  # the zoo's schedules are solution files
-            solution = load_zoo_solution(str(solution)[4:])
-        elif not isinstance(solution, Solution):
+            raise SolutionFileError(f"{solution}: this version ships no prebuilt schedules yet; "
+                                    "make one with `monet solve MODEL --batch-size B --budget 6GB -o solution.pkl`")
+        if not isinstance(solution, Solution):
             solution = load_solution(solution)
         self.solution = solution
         self.input_shape = tuple(int(s) for s in input_shape)

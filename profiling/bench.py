@@ -21,9 +21,11 @@ For each zoo model, at a CPU-sized configuration (`CONFIGS`; ``--batch-size``, `
    ``activation_memory_budget`` 1.0, 0.5, 0.1 and 0.0 (`monet.profiling.peers`): measured peak and
    overhead.  A failure is reported in its row.
 
-Memory is reported in MiB (2^20 bytes), overhead as (median time / median plain time - 1).  The
-markdown file is rewritten after every model, so an interrupted run keeps what it measured.
-Progress goes to stderr.
+Memory is reported in MiB (2^20 bytes), overhead as (median time / median plain time - 1).  Under
+each table, `observations` lists what departs from the design's promises (a measured peak above its
+budget, predicted vs measured beyond 2 %, contradictory infeasibility reports, a peer below MONeT's
+lowest peak).  The markdown file is rewritten after every model, so an interrupted run keeps what it
+measured.  Progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -40,7 +42,14 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+# Spinning OpenMP threads slow down up to tenfold, and erratically, when other processes share the
+# cores (measured on the shared 2-core machines): wait passively.  libgomp reads this when torch
+# loads it, so it only takes effect when this module is imported before torch.
+_OMP_PASSIVE_SET_HERE = "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+if _OMP_PASSIVE_SET_HERE:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+import torch  # noqa: E402
 
 MiB = 2 ** 20
 PERCENTS = (80, 60, 50)
@@ -130,6 +139,7 @@ class ModelResult:
     n_fwd: int = 0
     n_bwd: int = 0
     eager_sim: int | None = None
+    largest_workspace: str = ""
     plain_measured: int | None = None
     plain_time: float | None = None
     rows: list[Row] = field(default_factory=list)
@@ -218,13 +228,17 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
     vocab = getattr(model, "vocab_size", None) if spec.input_kind == "tokens" else None
     x = example_input(name, cfg.batch_size, cfg.input_shape, vocab_size=vocab)
     g = output_grad(model, x)
-    info = dict(model=name, batch_size=cfg.batch_size, input_shape=cfg.input_shape, dtype="float32", device="cpu")
+    info = dict(model=name, batch_size=cfg.batch_size, input_shape=cfg.input_shape,
+                dtype=str(x.dtype).removeprefix("torch."), device="cpu")
 
     log(f"{name}: batch {cfg.batch_size}, input {cfg.input_shape}, {res.n_params / 1e6:.1f} M parameters; capturing")
     graph = capture(model, x)
     res.n_fwd, res.n_bwd = len(graph.fwd), len(graph.bwd)
     log(f"  graph: {res.n_fwd} forward, {res.n_bwd} backward nodes; profiling workspaces")
-    costs, _ = costs_with_profiled_workspace(model, x, graph, log)
+    costs, table = costs_with_profiled_workspace(model, x, graph, log)
+    top = table.loc[table["workspace_bytes"].idxmax()]
+    res.largest_workspace = (f"{top['workspace_bytes'] / MiB:.1f} MiB ({top['kind']} node {top['node']}, "
+                             f"{str(top['op']).removeprefix('aten.')})")
     res.eager_sim = eager_peak(graph, costs)
 
     log("  plain PyTorch")
@@ -363,7 +377,9 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
+    omp = os.environ.get("OMP_WAIT_POLICY", "unset")
     return {"CPU": cpu, "cores": str(os.cpu_count()), "torch threads": str(torch.get_num_threads()),
+            "OMP_WAIT_POLICY": omp + (" (set by the bench)" if _OMP_PASSIVE_SET_HERE else ""),
             "torch": torch.__version__, "python": platform.python_version(),
             "OS": f"{platform.system()} {platform.release()}"}
 
@@ -395,11 +411,17 @@ NOTES = """\
   per side, more for short iterations, see each model's line). CPU times on
   these shared machines drift by about 20 % between runs (other processes share the 2 cores): only
   the interleaved ratios in one process are worth quoting, and differences of a few percent are noise.
+  The bench sets `OMP_WAIT_POLICY=PASSIVE` (unless set already): with the default spinning OpenMP
+  threads an iteration here took 0.4 to 6 s depending on what else ran, passively waiting threads
+  gave stable times.
   *median s* is the candidate's own median; the PyTorch row's is the median of plain PyTorch's
   medians over all the interleaved measurements of the model.
 - **Solve s** is wall time of the solve call (for *min budget*: the min-budget ILP plus the solve at
-  that budget); a `time_limit` status means CBC stopped at the time limit with the gap shown (the
-  gap's bound is the LP relaxation when CBC did not prove optimality).
+  that budget). *status*: `optimal`; `time_limit` (CBC stopped at the time limit with the gap shown,
+  whose bound is the LP relaxation); `heuristic` (the ILP gave no integral schedule; a rounded and
+  repaired one whose simulated peak fits was taken); `infeasible`; `error` (the message is in
+  *notes*). *notes* counts recomputations (forward nodes recomputed, summed over backward stages).
+  *Observations* under each table are generated from it by `observations()`.
 - **Peers.** *Chen sqrt(n)*: `torch.utils.checkpoint` (use_reentrant=False, preserve_rng_state=True) on
   round(sqrt(n)) segments of the model's sequential units, cut as `checkpoint_sequential` cuts them;
   U-Net, which is not sequential, checkpoints each of its 9 encoder/decoder blocks individually
@@ -413,6 +435,56 @@ NOTES = """\
 - **GPU**: not measured in this session -- no GPU was lent. MONeT's published GPU table (16 GB P100,
   fp32, PyTorch 1.5.1; DESIGN.md) for reference:
 """
+
+
+def observations(res: ModelResult) -> list[str]:
+    """What in a model's table departs from the design's promises or from expectation."""
+    obs = []
+    monet = [r for r in res.rows if r.method.startswith("MONeT")]
+    solved = [r for r in monet if r.predicted is not None]
+    for r in monet:
+        if r.fits is False:
+            obs.append(f"{r.method}: measured peak {_mib(r.measured)} MiB is ABOVE the budget {_mib(r.budget)} MiB.")
+        if r.pred_error is not None and abs(r.pred_error) > 0.02:
+            obs.append(f"{r.method}: predicted {_mib(r.predicted)} MiB vs measured {_mib(r.measured)} MiB "
+                       f"({_pct(r.pred_error)}), beyond the 2 % the design allows.")
+        if r.status == "error":
+            obs.append(f"{r.method}: the solve failed ({r.note}).")
+        if r.status == "infeasible" and r.note.startswith("smallest feasible"):
+            least = float(r.note.split()[2]) * MiB
+            better = [s for s in solved if s.predicted < r.budget]
+            if r.budget is not None and least < r.budget:
+                obs.append(f"{r.method}: reported infeasible although the smallest feasible budget it names "
+                           f"({r.note.split()[2]} MiB) is below this budget ({_mib(r.budget)} MiB).")
+            elif better:
+                obs.append(f"{r.method}: reported infeasible, yet {better[0].method} found a schedule whose "
+                           f"predicted peak ({_mib(better[0].predicted)} MiB) fits this budget.")
+    mins = [r for r in monet if r.method.endswith("min budget") and r.budget is not None]
+    if mins and solved:
+        lowest = min(solved, key=lambda r: r.predicted)
+        if lowest.predicted < mins[0].budget:
+            obs.append(f"The smallest feasible budget ({_mib(mins[0].budget)} MiB) is above the predicted peak of "
+                       f"{lowest.method} ({_mib(lowest.predicted)} MiB): the ILP's memory model is above the "
+                       "simulator's peak for these schedules.")
+    for r in solved:
+        if r.budget and r.predicted < 0.97 * r.budget and not r.method.endswith("min budget"):
+            obs.append(f"{r.method}: predicted peak {_mib(r.predicted)} MiB is {(1 - r.predicted / r.budget) * 100:.0f} % "
+                       f"below its budget {_mib(r.budget)} MiB.")
+    plain = res.rows[0] if res.rows and res.rows[0].method == "PyTorch" else None
+    if plain is not None and plain.pred_error is not None and abs(plain.pred_error) > 0.02:
+        obs.append(f"Plain PyTorch: simulated {_mib(plain.predicted)} MiB vs measured {_mib(plain.measured)} MiB "
+                   f"({_pct(plain.pred_error)}).")
+    measured = [r for r in monet if r.measured is not None]
+    if measured:
+        best = min(measured, key=lambda r: r.measured)
+        for r in res.rows:
+            if not r.method.startswith(("MONeT", "PyTorch")) and r.measured is not None and r.measured < best.measured:
+                obs.append(f"{r.method} reaches {_mib(r.measured)} MiB, below MONeT's lowest measured peak "
+                           f"({_mib(best.measured)} MiB, {best.method}).")
+    if mins and mins[0].budget is not None and res.eager_sim and mins[0].budget >= 0.99 * res.eager_sim:
+        obs.append("No schedule lowers the peak below plain PyTorch's: the peak is set where nothing can be "
+                   f"freed or recomputed (largest temporary of one op: {res.largest_workspace}).")
+    return obs
 
 
 def write_markdown(path: Path, results: list[ModelResult], args, command: str, started: str,
@@ -441,8 +513,12 @@ def write_markdown(path: Path, results: list[ModelResult], args, command: str, s
         if r.rows:
             out += [f"Plain PyTorch: simulated peak {_mib(r.eager_sim)} MiB, measured {_mib(r.plain_measured)} MiB, "
                     + (f"median iteration {r.plain_time:.3f} s" if r.plain_time is not None else "")
-                    + f"; {r.repeats} timed iterations per side in each overhead measurement.", "",
+                    + f"; {r.repeats} timed iterations per side in each overhead measurement; "
+                    f"largest temporary of one op: {r.largest_workspace}.", "",
                     model_table(r), ""]
+            obs = observations(r)
+            if obs:
+                out += ["Observations (generated from the table):", ""] + [f"- {o}" for o in obs] + [""]
     notes = NOTES.replace("REPEATS", str(args.repeats)).replace("WARMUP", str(args.warmup))
     out += ["## Notes", "", notes, GPU_TABLE, ""]
     tmp = path.with_name(path.name + ".tmp")

@@ -66,11 +66,15 @@ def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor) -
 
 
 def grads_and_buffers(model: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0):
-    """Gradients (by parameter name) and buffers after one iteration from the RNG state ``seed``."""
+    """Gradients and buffers after one iteration from the RNG state ``seed``, keyed by position.
+
+    Positions (the order of ``parameters()`` / ``buffers()``), not names: a wrapper prefixes the
+    names of the model it wraps.
+    """
     torch.manual_seed(seed)
     _iteration(model, x, g)
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    bufs = {n: b.detach().clone() for n, b in model.named_buffers()}
+    grads = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters()) if p.grad is not None}
+    bufs = {i: b.detach().clone() for i, b in enumerate(model.buffers())}
     return grads, bufs
 
 

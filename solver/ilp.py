@@ -23,6 +23,7 @@ built as sparse matrices from index arrays, with no per-element Python loops ove
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import cvxpy as cp
@@ -32,7 +33,7 @@ import scipy.sparse as sp
 from monet.graph import OpGraph
 from monet.schedule import ancestors
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import candidate_keeps, repair, round_and_repair
+from monet.solver.repair import round_and_repair, smallest_candidate
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 
@@ -228,7 +229,9 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool) -
         kwargs = {"scip_params": {"limits/time": float(time_limit)}}
     t0 = time.perf_counter()
     try:
-        problem.solve(solver=SOLVERS[name], verbose=verbose, **kwargs)
+        with warnings.catch_warnings():  # "Solution may be inaccurate": checked by _Problem.integral
+            warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+            problem.solve(solver=SOLVERS[name], verbose=verbose, **kwargs)
     except cp.error.SolverError:
         pass  # no incumbent in time, or infeasible: the caller reads problem.status
     return time.perf_counter() - t0
@@ -247,30 +250,33 @@ def lp_bound(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: 
 
 
 def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", solver: str = "CBC",
-                     time_limit: float = 60.0, verbose: bool = False) -> tuple[int, bool]:
-    """Smallest budget (bytes) for which a schedule exists in ``mode``.
+                     time_limit: float = 60.0, verbose: bool = False, peak_of=None):
+    """Smallest budget (bytes) for which a schedule exists in ``mode``, and that schedule.
 
-    Solves ``min budget`` subject to the ILP's constraints.  Returns (bytes, proven): ``proven`` is
-    False when the time limit stopped the solver, so a smaller budget may still be feasible.
+    Solves ``min budget`` subject to the ILP's constraints, then compares its schedule with the
+    repaired candidates of `monet.solver.repair` by ``peak_of(S, R)`` (the simulator's exact peak
+    when given; else the ILP's expression, an upper bound).  Returns (bytes, proven, S (T, G),
+    R (T, N)): ``proven`` is False unless the solver proved its optimum and nothing beat it.
     """
+    peak_of = peak_of or mem.peak
     P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
     problem = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     _solve(problem, solver, time_limit, verbose)
+    best = smallest_candidate(graph, mem, P.fractional_s(), P.allow_s, peak_of)
+    proven = False
     if P.integral():
         S, R = P.matrices()
-        peak = mem.peak(S, R)
-    else:  # no integer schedule yet: round the fractional point, repair, keep the smallest peak
-        peak = min(mem.peak(*repair(graph, mem, keep, P.allow_s))
-                   for keep in candidate_keeps(mem, P.fractional_s(), P.T))
-    # plus a margin above the solvers' feasibility tolerance (1e-6 of the scale), so that solving
-    # at the returned budget finds this schedule feasible again
-    return int(np.ceil(peak + 1e-5 * P.scale)), problem.status == cp.OPTIMAL and P.integral()
+        peak = peak_of(S, R)
+        if peak <= best[0]:
+            best, proven = (peak, S, R), problem.status == cp.OPTIMAL and peak_of is mem.peak
+    peak, S, R = best
+    return int(np.ceil(peak)), proven, S, R
 
 
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
               solver: str = "CBC", time_limit: float = 60.0, constant_s: float = 0.0,
-              verbose: bool = False) -> ILPResult:
+              verbose: bool = False, peak_of=None) -> ILPResult:
     """Minimise recomputation time under a memory budget (bytes).
 
     Args:
@@ -280,6 +286,9 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         solver: "CBC" (default), "HIGHS" or "SCIP".
         time_limit: seconds; the best schedule found by then is returned with its gap.
         constant_s: forward + backward time added to the objective (seconds).
+        peak_of: ``peak_of(S (T, G), R (T, N)) -> bytes``, the simulator's exact peak of a schedule.
+            When the ILP (whose memory is an upper bound) finds nothing, repaired candidates and the
+            smallest-budget schedule are accepted if this peak fits the budget (status "heuristic").
 
     Raises:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget.
@@ -296,24 +305,23 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     n_cons = sum(c.size for c in problem.constraints)
     t_solve = _solve(problem, solver, time_limit, verbose)
     status = problem.status
-    if status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE) or (
-            P.r is not None and P.r.value is None and status not in (cp.USER_LIMIT,)):
-        if status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE):
-            least, proven = solve_min_budget(graph, mem, mode, solver, time_limit, verbose)
-            raise InfeasibleBudgetError(int(budget), least, mode, exact=proven)
     solver_name = solver.upper()
     if P.integral():
         S, R = P.matrices()
     else:
-        # CBC stopped by its time limit reports OPTIMAL_INACCURATE through cvxpy and may hand back
-        # a fractional point: round it and repair (solver.repair); refuse if nothing fits
-        best = round_and_repair(graph, mem, P.fractional_s(), P.allow_s, float(budget), recompute_s)
+        # Infeasible for the ILP's (pessimistic) memory, or stopped by the time limit without an
+        # integer schedule (CBC through cvxpy then hands back a fractional point): round and repair
+        # (solver.repair), keep the cheapest candidate whose peak fits, else the smallest-budget one.
+        fit = peak_of or mem.peak
+        best = round_and_repair(graph, mem, P.fractional_s(), P.allow_s, float(budget), recompute_s, fit)
         if best is None:
-            raise RuntimeError(f"the solver ({solver}) found no schedule within {time_limit:.0f} s "
-                               f"(status {status}); raise --time-limit, the budget, or try --solver HIGHS")
+            least, proven, S_min, R_min = solve_min_budget(graph, mem, mode, solver, time_limit, verbose, peak_of)
+            if least > budget:
+                raise InfeasibleBudgetError(int(budget), least, mode, exact=proven)
+            best = (S_min, R_min, None)
         S, R, _ = best
         solver_name += "+repair"
-        status = "time_limit"
+        status = "heuristic"
     if mode == "none":
         S = S | P.allow_s
     S = mem.group_to_node(S)
@@ -321,10 +329,11 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     optimal = status == cp.OPTIMAL
     bound = obj if optimal else None
     if not optimal:
-        lp = lp_bound(graph, mem, recompute_s, budget, mode, time_limit)
+        lp = lp_bound(graph, mem, recompute_s, budget, mode, min(time_limit, 10.0))
         bound = None if lp is None else lp + constant_s
     gap = 0.0 if optimal else (None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0)
     return ILPResult(S=S, R=R, objective_s=obj, bound_s=bound, gap=gap,
-                     status="optimal" if optimal else "time_limit", solve_time_s=t_solve,
+                     status="optimal" if optimal else ("heuristic" if status == "heuristic" else "time_limit"),
+                     solve_time_s=t_solve,
                      build_time_s=P.build_time_s, n_variables=int(n_vars), n_constraints=int(n_cons),
                      solver=solver_name)

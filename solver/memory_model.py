@@ -93,8 +93,6 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None) -
     fws = np.zeros(N) if fwd_workspace is None else np.maximum(np.asarray(fwd_workspace, dtype=float), 0)
     bws = np.zeros(T) if bwd_workspace is None else np.maximum(np.asarray(bwd_workspace, dtype=float), 0)
     root = graph.alias_root
-    fwd_of = {name: n.id for n in graph.fwd for name in n.fx_names}
-    bwd_of = {name: n.id for n in graph.bwd for name in n.fx_names}
     fwd_main = {n.name: n.id for n in graph.fwd}
     bwd_main = {n.name: n.id for n in graph.bwd}
 

@@ -55,34 +55,63 @@ def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarr
     return S, R
 
 
-def candidate_keeps(mem: MemoryModel, frac_s: np.ndarray | None, T: int,
-                    thresholds=(0.5, 0.9, 0.99, 0.999, 0.3, 0.1, 0.01)):
+def _candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None):
+    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds)."""
+    out = []
+    for keep in candidate_keeps(mem, frac_s, len(graph.bwd)):
+        S, R = repair(graph, mem, keep, allow_s)
+        cost = 0.0 if recompute_s is None else float(np.asarray(recompute_s) @ R.sum(axis=0))
+        out.append((S, R, mem.peak(S, R), cost))
+    return out
+
+
+def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None, allow_s: np.ndarray,
+                       peak_of=None, simulate_best: int = 4):
+    """(peak bytes, S, R) of the repaired candidate with the smallest peak.
+
+    Candidates are ranked by the ILP's memory expression (cheap); the ``simulate_best`` best are
+    then measured with ``peak_of`` (the simulator) when it is given.
+    """
+    ranked = sorted(_candidates(graph, mem, frac_s, allow_s), key=lambda c: c[2])
+    if peak_of is None:
+        S, R, peak, _ = ranked[0]
+        return peak, S, R
+    return min(((peak_of(S, R), S, R) for S, R, _, _ in ranked[:simulate_best]), key=lambda c: c[0])
+
+
+def candidate_keeps(mem: MemoryModel, frac_s: np.ndarray | None, T: int, thresholds=(0.5, 0.9, 0.1)):
     """Keep matrices (T, G) to repair: roundings of a fractional S, and checkpoint sets.
 
     The checkpoint sets keep every k-th group through the whole backward pass and recompute the
-    rest in each stage that reads it (Chen et al. 2016's segments, for k up to sqrt(G) and beyond).
+    rest in each stage that reads it (Chen et al. 2016's segments, k = 1, 2, 3, 4, 6, 8, ...).
     """
     G = len(mem.groups)
     if frac_s is not None:
         for thr in thresholds:
             yield frac_s > thr
-    for k in range(1, max(2, int(np.sqrt(G))) * 2 + 1):
+    k = 1
+    while k <= max(2, 2 * int(np.sqrt(G))):
         keep = np.zeros(G, dtype=bool)
         keep[::k] = True
         yield np.broadcast_to(keep, (T, G))
+        k = k + 1 if k < 4 else int(k * 1.5)
 
 
 def round_and_repair(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None, allow_s: np.ndarray,
-                     budget: float, recompute_s: np.ndarray):
+                     budget: float, recompute_s: np.ndarray, peak_of=None, simulate_at_most: int = 6):
     """The cheapest repaired candidate (see `candidate_keeps`) that fits ``budget`` bytes, or None.
 
-    Returns (S (T, G), R (T, N), recompute seconds) or None when no candidate fits.
+    A candidate whose ILP memory expression fits needs no simulation (the expression bounds the
+    simulator's peak); others are simulated with ``peak_of`` (exact), cheapest first, at most
+    ``simulate_at_most`` of them.  Returns (S (T, G), R (T, N), recompute seconds) or None.
     """
-    best = None
-    for keep in candidate_keeps(mem, frac_s, len(graph.bwd)):
-        S, R = repair(graph, mem, keep, allow_s)
-        if mem.peak(S, R) <= budget:
-            cost = float(np.asarray(recompute_s) @ R.sum(axis=0))
-            if best is None or cost < best[2]:
-                best = (S, R, cost)
-    return best
+    cands = sorted(_candidates(graph, mem, frac_s, allow_s, recompute_s), key=lambda c: c[3])
+    simulated = 0
+    for S, R, ilp_peak, cost in cands:
+        if ilp_peak <= budget:
+            return S, R, cost
+        if peak_of is not None and simulated < simulate_at_most:
+            simulated += 1
+            if peak_of(S, R) <= budget:
+                return S, R, cost
+    return None

@@ -68,8 +68,9 @@ def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, 
                            f"budget {budget}; please report this with the model")
     eager = eager_peak(graph, costs)
     eager_time = float(costs.fwd_time.sum() + costs.bwd_time.sum())
-    meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", 0),
-                        input_shape=info.get("input_shape", ()), dtype=info.get("dtype", "float32"),
+    shape = graph.input_shape
+    meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", shape[0] if shape else 0),
+                        input_shape=info.get("input_shape", shape[1:]), dtype=info.get("dtype", graph.input_dtype),
                         budget_bytes=budget, mode=mode, device=info.get("device", "cpu"),
                         cost_source=costs.source, predicted_peak_bytes=sim.peak_bytes, eager_peak_bytes=eager,
                         objective_s=objective_s, bound_s=bound_s, gap=gap, solve_time_s=solve_time_s,
@@ -97,6 +98,15 @@ def memory_model(graph: OpGraph, costs: CostArrays) -> MemoryModel:
     return build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace)
 
 
+def simulated_peak_fn(graph: OpGraph, costs: CostArrays, mem: MemoryModel):
+    """``peak_of(S (T, G), R (T, N)) -> bytes``: the simulator's peak of the schedule the executor would run."""
+    def peak_of(S_groups, R):
+        schedule = schedule_from_matrices(graph, mem.group_to_node(S_groups), R)
+        fw, bw = build_modules(graph, schedule)
+        return simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
+    return peak_of
+
+
 def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, **_) -> Solution:
     """Keep everything (mode ``none``).  Raises InfeasibleBudgetError if even that does not fit."""
     S, R = keep_all_matrices(graph)
@@ -115,7 +125,8 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | No
     const = float(costs.fwd_time.sum() + costs.bwd_time.sum())
     t0 = time.perf_counter()
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
-                    time_limit=time_limit, constant_s=const, verbose=verbose)
+                    time_limit=time_limit, constant_s=const, verbose=verbose,
+                    peak_of=simulated_peak_fn(graph, costs, mem))
     return _finish(graph, costs, res.S, res.R, budget=budget, mode="normal", status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                    solve_time_s=time.perf_counter() - t0, info=info or {})
@@ -129,7 +140,10 @@ def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: 
     """Smallest feasible budget of a mode, in bytes, and whether the solver proved it minimal."""
     if mode == "none":
         return eager_peak(graph, costs), True
-    return solve_min_budget(graph, memory_model(graph, costs), mode, solver, time_limit)
+    mem = memory_model(graph, costs)
+    least, proven, _, _ = solve_min_budget(graph, mem, mode, solver, time_limit,
+                                           peak_of=simulated_peak_fn(graph, costs, mem))
+    return least, proven
 
 
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,

@@ -154,3 +154,28 @@ class Branchy(nn.Module):
 def test_untraceable_model_names_the_construct():
     with pytest.raises(CaptureError, match="data-dependent"):
         capture(Branchy(), torch.randn(2, 4))
+
+
+def test_distributed_data_parallel_wrap(solved, tmp_path):
+    """DDP wraps the wrapper like any module; one gloo process gives plain PyTorch's gradients."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, x, _, _, sol = solved
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        ddp = DDP(MONeTWrapper(copy.deepcopy(model), sol, SHAPE))
+        plain = copy.deepcopy(model)
+        for m in (ddp, plain):
+            torch.manual_seed(3)
+            m(x).square().mean().backward()
+        for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+    finally:
+        dist.destroy_process_group()
+
+
+def test_zoo_prefix_explains(solved):
+    model, *_ = solved
+    with pytest.raises(SolutionFileError, match="no prebuilt schedules"):
+        MONeTWrapper(copy.deepcopy(model), "zoo:resnet50-6GB", SHAPE)
