@@ -69,8 +69,9 @@ examples:
   monet solve resnet50 --batch-size 184 --budget 6GB --cost analytic --gpu-spec p100 -o r50_p100.pkl
 
 Progress goes to stderr; a summary of the solution to stdout (with --json, then one JSON line:
-status, objective, bound, gap, solve_time_s, budget_bytes, predicted_peak_bytes, eager_peak_bytes,
-output ...). A budget below the smallest feasible one exits with status 2 and names that budget.
+status (optimal, time_limit or heuristic), objective, bound, gap, solve_time_s, budget_bytes,
+predicted_peak_bytes, eager_peak_bytes, output ...). A budget below the smallest feasible one exits
+with status 2 and names that budget.
 """
 
 _CHECK_EPILOG = """\
@@ -812,7 +813,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available)")
     p.add_argument("--steps", type=int, default=3, help="SGD steps to train")
     p.add_argument("--repeats", type=int, default=3, help="timed iterations of each for the overhead")
-    p.add_argument("--time-limit", type=float, default=20.0, metavar="S", help="solver time limit per solve")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="solver time limit per solve")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
     p.set_defaults(func=_cmd_demo)
