@@ -748,8 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="solver time limit in seconds; the best schedule found by then is kept")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
                    help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
-    p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="analytic",
-                   help="operator costs. analytic: a roofline model of --gpu-spec, deterministic, "
+    p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
+                   help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, deterministic, "
                         "needs no device, but counts no kernel workspace, so the measured peak can "
                         "exceed the budget by the kernels' temporaries; hybrid: analytic times, "
                         "workspace from a quick run of every operator on --device (cached); "
