@@ -207,9 +207,9 @@ def _measure(res: ModelResult, row: Row, model, candidate, x, g, warmup: int, lo
         f"{row.first_call_s:.1f} s)")
 
 
-def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
-    """Measure one model into ``res`` (rows are appended as they are measured, so a failure
-    part-way keeps what was measured before it)."""
+def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelResult:
+    """Measure one model into ``res``; rows are appended as they are measured and ``save()`` is
+    called after each, so a failure or a kill part-way keeps what was measured before it."""
     from monet.capture import capture
     from monet.profiling.check import measure_iteration_peak, output_grad
     from monet.profiling.peers import chen_sqrt_checkpoint, compile_with_activation_budget
@@ -272,6 +272,7 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
             if e.min_budget_bytes is not None:
                 row.note = f"smallest feasible {e.min_budget_bytes / MiB:.1f} MiB"
             log(f"  {label}: infeasible ({row.note})")
+            save()
             continue
         except Exception as e:  # noqa: BLE001 - reported in the table
             row.solve_s = time.perf_counter() - t0
@@ -279,6 +280,7 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
             row.note = _err(e)
             log(f"  {label}: solve failed: {row.note}")
             traceback.print_exc(file=sys.stderr)
+            save()
             continue
         row.solve_s = time.perf_counter() - t0
         m = sol.meta
@@ -298,6 +300,7 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
             traceback.print_exc(file=sys.stderr)
         wrapped = sol = None
         _release()
+        save()
 
     # peers
     peers = [("Chen sqrt(n) checkpoint", lambda: chen_sqrt_checkpoint(model))]
@@ -322,6 +325,7 @@ def bench_model(res: ModelResult, args, log: Log) -> ModelResult:
             traceback.print_exc(file=sys.stderr)
         peer = None
         _release()
+        save()
     torch._dynamo.reset()
     if res.plain_medians:
         res.plain_time = plain_row.median_s = statistics.median(res.plain_medians)
@@ -581,7 +585,8 @@ def main(argv=None) -> int:
         results.append(res)
         t_model = time.perf_counter()
         try:
-            bench_model(res, args, log)
+            bench_model(res, args, log, save=lambda: write_markdown(
+                out, results, args, command, started, time.perf_counter() - t0, finished=False))
         except Exception as e:  # noqa: BLE001 - the other models still run
             log(f"{name} failed: {_err(e)}")
             traceback.print_exc(file=sys.stderr)
