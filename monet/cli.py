@@ -311,13 +311,13 @@ def _parse_budget(text: str, eager_peak_bytes: int | None = None) -> int:
 
 def _cmd_solve(args) -> int:
     from monet.solution import describe, save_solution
-    from monet.solver.solve import MODES, eager_peak, min_budget, solve
+    from monet.impls import mode_tokens
+    from monet.solver.solve import eager_peak, min_budget, solve
 
-    if args.mode not in MODES:
-        raise CLIError(f"mode {args.mode!r} is not available yet: this version of monet solves "
-                       f"recompute-or-store schedules only (--mode {' or --mode '.join(MODES)}); "
-                       "MONeT's operator-implementation and in-place modes (e.g. "
-                       "inplace_conv_multiway_newnode) come in a later version")
+    try:
+        mode_tokens(args.mode)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     output = Path(args.output)
     if not output.parent.is_dir():
         raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
@@ -342,6 +342,7 @@ def _cmd_solve(args) -> int:
         table = _costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
         costs = _cost_arrays(graph, table)
         s["note"] = f"plain iteration {1e3 * costs.total_time:.1f} ms predicted"
+    cost_fn = _cost_fn(args.cost, model, x, graph, table, device, args.gpu_spec)
     if args.cost == "analytic":
         _log("note: analytic costs count no kernel workspace, so the measured peak can exceed the "
              "budget by the kernels' temporaries; --cost hybrid or --cost profile measure them")
@@ -353,14 +354,15 @@ def _cmd_solve(args) -> int:
         if args.min_budget:
             with _step(f"finding the smallest feasible budget ({args.solver}, "
                        f"time limit {args.time_limit:g} s)") as s:
-                budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit)
+                budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit,
+                                            device.split(":")[0], cost_fn)
                 s["note"] = f"{_size(budget)}, {'proven minimal' if proven else 'not proven minimal'}"
         elif budget is None:
             budget = _parse_budget(args.budget, eager)
         with _step(f"solving at a budget of {_size(budget)} ({budget} bytes), mode {args.mode}, "
                    f"{args.solver}, time limit {args.time_limit:g} s") as s:
             sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
-                        info=info)
+                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=_log)
             s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
@@ -382,6 +384,17 @@ def _costs_table(cost: str, model, x, graph, device: str, gpu_spec, cache_dir):
     if cost == "hybrid":
         table = _with_measured_workspace(table, model, x, graph, device, cache_dir)
     return table
+
+
+def _cost_fn(cost: str, model, x, graph, table, device: str, gpu_spec):
+    """Costs of the variant graphs of operator implementations, made the way --cost made ``table``."""
+    from monet.profiling.profiler import hybrid_cost_fn
+    from monet.solver.solve import analytic_cost_fn
+
+    spec = _device_spec(gpu_spec, device)
+    if cost == "analytic":
+        return analytic_cost_fn(spec)
+    return hybrid_cost_fn(model, x, graph, table, device, spec, measure=cost)
 
 
 def _with_measured_workspace(table, model, x, graph, device: str, cache_dir):
@@ -596,18 +609,21 @@ def _cmd_demo(args) -> int:
                 _device_spec(None, device)
             except CLIError:  # a GPU without a preset: h100's roofline ranks the recomputations
                 gpu_spec = "h100"
-        costs = _cost_arrays(graph, _costs_table("hybrid", model, x, graph, device, gpu_spec,
-                                                 args.cache_dir))
+        table = _costs_table("hybrid", model, x, graph, device, gpu_spec, args.cache_dir)
+        costs = _cost_arrays(graph, table)
+    cost_fn = _cost_fn("hybrid", model, x, graph, table, device, gpu_spec)
+    mode = "inplace_conv_multiway_newnode"
+    kw = dict(time_limit=args.time_limit, info=None, device=device.split(":")[0], cost_fn=cost_fn)
     eager = eager_peak(graph, costs)
     budget = int(0.5 * eager)
-    info = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
-                dtype=_dtype_name(x.dtype), device=device.split(":")[0])
+    kw["info"] = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
+                      dtype=_dtype_name(x.dtype), device=device.split(":")[0])
     _log(f"plain PyTorch's simulated peak: {_size(eager)}; target budget 50 %: {_size(budget)}")
     note = ""
     try:
-        with _step(f"solving the ILP at {_size(budget)} (CBC, time limit {args.time_limit:g} s)") as s:
+        with _step(f"solving the ILP at {_size(budget)} (mode {mode}, CBC, time limit {args.time_limit:g} s)") as s:
             try:
-                sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
+                sol = solve(graph, costs, budget, mode, **kw)
                 s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
             except InfeasibleBudgetError as e:
                 if e.min_budget_bytes is None:
@@ -619,8 +635,8 @@ def _cmd_demo(args) -> int:
                 budget = e.min_budget_bytes
         if note:
             _log(note)
-            with _step(f"solving the ILP at {_size(budget)} (CBC, time limit {args.time_limit:g} s)") as s:
-                sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
+            with _step(f"solving the ILP at {_size(budget)} (mode {mode}, CBC, time limit {args.time_limit:g} s)") as s:
+                sol = solve(graph, costs, budget, mode, **kw)
                 s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:
         raise CLIError(str(e)) from None
@@ -740,10 +756,12 @@ def build_parser() -> argparse.ArgumentParser:
                              '"50%%" of plain PyTorch\'s simulated peak')
     budget.add_argument("--min-budget", action="store_true",
                         help="solve at the smallest feasible budget (found by a first ILP)")
-    p.add_argument("--mode", default="normal",
-                   help="ILP mode: normal (recompute or store) or none (keep everything: plain "
-                        "PyTorch). MONeT's operator-implementation and in-place modes (conv, "
-                        "multiway, inplace_conv_multiway_newnode ...) are not available yet")
+    p.add_argument("--mode", default="inplace_conv_multiway_newnode",
+                   help="what the ILP may choose (MONeT's modes): none (keep everything: plain PyTorch), "
+                        "normal (recompute or store), or tokens joined by '_': conv (convolution "
+                        "algorithms), multiway (store a node's input or output), newnode (compact "
+                        "values: 1-bit ReLU/dropout masks, 4-bit max-pool offsets), inplace (ReLU and add "
+                        "overwrite their input). Default: inplace_conv_multiway_newnode (all; 'full')")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="solver time limit in seconds; the best schedule found by then is kept")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",

@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from monet.graph import OpGraph, TANGENT, is_alias
+from monet.inplace import make_inplace
 from monet.solution import Schedule
 
 
@@ -168,7 +169,6 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     for n in fw_graph.find_nodes(op="placeholder"):
         if n.name in unchecked:
             n.meta["saved_tensor_with_no_vc_check"] = True
-    fw = fx.GraphModule(joint, fw_graph)
 
     bw_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -180,6 +180,10 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     for n in body.nodes:
         if n.op != "placeholder":
             env[n] = bw_graph.node_copy(n, lambda a: env[a])
+    if schedule.inplace:
+        make_inplace(fw_graph)
+        make_inplace(bw_graph)
     bw_graph.set_codegen(_BoxedCodeGen())
+    fw = fx.GraphModule(joint, fw_graph)
     bw = fx.GraphModule(joint, bw_graph)
     return fw, bw

@@ -31,6 +31,8 @@ TANGENT = "tangents"
 def is_random(node: fx.Node) -> bool:
     """True for ops that draw random numbers (dropout, rand, bernoulli ...): never recomputed."""
     target = node.target
+    if getattr(target, "_monet_random", False):  # an implementation kernel wrapping a random op
+        return True
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
 
 
@@ -70,6 +72,8 @@ def op_name(node: fx.Node) -> str:
     t = node.target
     if isinstance(t, torch._ops.OpOverload):
         return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    if getattr(t, "__module__", "").startswith("monet."):  # an operator implementation's kernel
+        return f"monet.{t.__name__}"
     return getattr(t, "__name__", str(t))
 
 
@@ -129,6 +133,7 @@ class OpGraph:
         joint: the joint FX graph module (not pickled into solutions).
         num_fwd_outputs: how many of the joint outputs belong to the forward.
         input_shape, input_dtype: the traced input's shape (batch first) and dtype ("float32").
+        impls: the non-default operator implementations applied (`monet.impls.apply_impls`).
     """
 
     fwd: list[Node]
@@ -147,6 +152,7 @@ class OpGraph:
     num_fwd_outputs: int = 0
     input_shape: tuple[int, ...] = ()  # the traced input, batch dimension first
     input_dtype: str = ""
+    impls: dict = field(default_factory=dict)  # "fwd:<id>"/"bwd:<id>" -> implementation (monet.impls)
 
     @property
     def bwd_reads(self) -> list[tuple[int, ...]]:

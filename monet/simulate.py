@@ -20,6 +20,7 @@ from typing import Callable
 import torch.fx as fx
 
 from monet.graph import OpGraph, TANGENT, _tensors, is_alias, tensor_bytes
+from monet.inplace import is_inplace
 
 
 @dataclass
@@ -41,7 +42,8 @@ class SimResult:
 
 
 def _storage_root(node: fx.Node) -> fx.Node:
-    while node.op == "call_function" and is_alias(node) and node.target is not operator.getitem:
+    while node.op == "call_function" and ((is_alias(node) and node.target is not operator.getitem)
+                                          or is_inplace(node)):
         src = node.args[0]
         if not isinstance(src, fx.Node):
             break
@@ -73,7 +75,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
             last[r] = max(last.get(r, -1), len(nodes) if n is out else pos[n])
     peak, peak_at = sum(live.values()), "start"
     for k, n in enumerate(nodes):
-        if n.op == "call_function" and not is_alias(n):
+        if n.op == "call_function" and not is_alias(n) and not is_inplace(n):
             val = n.meta.get("val")
             multi = isinstance(val, (tuple, list))
             if multi:

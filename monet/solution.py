@@ -74,17 +74,21 @@ class Schedule:
     Attributes:
         saved: forward node ids whose outputs are kept from the forward pass (stage 0).
         stages: one `Stage` per backward node, in execution order.
-        impl: forward/backward node id -> implementation name; empty means every node uses its
-            default implementation.
+        impl: ``"fwd:<id>"`` / ``"bwd:<id>"`` -> implementation name (`monet.impls`); nodes not
+            listed use PyTorch's own kernel.
+        inplace: ReLU, hardtanh and add overwrite their input where it has no later user
+            (`monet.inplace`).
     """
     saved: tuple[int, ...]
     stages: list[Stage]
-    impl: dict[int, str] = field(default_factory=dict)
+    impl: dict[str, str] = field(default_factory=dict)
+    inplace: bool = False
 
     def __post_init__(self):
         self.saved = _ints(self.saved)
         self.stages = list(self.stages)
-        self.impl = {int(k): str(v) for k, v in self.impl.items()}
+        self.impl = {(k if isinstance(k, str) else f"fwd:{int(k)}"): str(v) for k, v in self.impl.items()}
+        self.inplace = bool(self.inplace)
 
     def recompute_count(self) -> int:
         """Number of forward-node recomputations over all backward stages (a node recomputed in two

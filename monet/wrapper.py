@@ -37,6 +37,9 @@ def scheduled_module(model: nn.Module, make_schedule, check=None) -> nn.Module:
         if check is not None:
             check(graph)
         schedule = make_schedule(graph)
+        if schedule.impl:
+            from monet.impls import apply_impls
+            graph = apply_impls(graph, schedule.impl)
         fw, bw = build_modules(graph, schedule)
         holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
         return fw, bw

@@ -224,9 +224,11 @@ class _Timer:
 class _ProfilingInterpreter(fx.Interpreter):
     """Runs the joint graph and measures each node that is a forward or backward `Node`'s op."""
 
-    def __init__(self, graph: OpGraph, device: torch.device, repeats: int, warmup: int, pbar, source: str):
+    def __init__(self, graph: OpGraph, device: torch.device, repeats: int, warmup: int, pbar, source: str,
+                 only=None):
         super().__init__(graph.joint, garbage_collect_values=True)
-        self.main: dict[str, Node] = {n.name: n for n in list(graph.fwd) + list(graph.bwd)}
+        self.main: dict[str, Node] = {n.name: n for n in list(graph.fwd) + list(graph.bwd)
+                                      if only is None or (n.kind, n.id) in only}
         self.device = device
         self.timer = _Timer(device)
         self.repeats = repeats
@@ -267,7 +269,7 @@ class _ProfilingInterpreter(fx.Interpreter):
 
 def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
                   device: torch.device | str, repeats: int = 5, warmup: int = 2,
-                  progress: bool = True) -> pd.DataFrame:
+                  progress: bool = True, only=None) -> pd.DataFrame:
     """Measure every forward and backward node of ``graph`` on ``device``.
 
     Args:
@@ -279,6 +281,8 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
         repeats: timed runs per node (>= 1); the median is reported.
         warmup: discarded runs per node before measuring (>= 0).
         progress: show a tqdm progress bar.
+        only: optional set of (kind, id) pairs: measure these nodes only (the others run once,
+            unmeasured, and have no row).
 
     Returns:
         A cost table (see `monet.profiling.costs`), one row per node with ``impl == "default"``:
@@ -300,20 +304,22 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     source = f"profile:{device_name(dev)}"
-    total = len(graph.fwd) + len(graph.bwd)
+    total = len(graph.fwd) + len(graph.bwd) if only is None else len(only)
     rng_devices = [dev.index] if dev.type == "cuda" else []
     on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with on_device, torch.random.fork_rng(devices=rng_devices), torch.no_grad(), \
             tqdm(total=total, disable=not progress, desc=f"profiling on {dev}", unit="op") as pbar:
         torch.manual_seed(0)
         args = joint_inputs(model, example_input, graph, dev)
-        interp = _ProfilingInterpreter(graph, dev, repeats, warmup, pbar, source)
+        interp = _ProfilingInterpreter(graph, dev, repeats, warmup, pbar, source, only)
         interp.run(*args, enable_io_processing=False)
         del args
     by_name = {n.name: n for n in graph.joint.graph.nodes}
     rows = []
     for node in list(graph.fwd) + list(graph.bwd):
         row = interp.rows.get((node.kind, node.id))
+        if row is None and only is not None:
+            continue
         if row is None:  # every node of the graph is an op of the joint graph, so it ran
             raise RuntimeError(f"{node.kind} node {node.id} ({node.name}) was not executed by the joint graph")
         row["flops"] = node_flops(by_name[node.name])
@@ -413,3 +419,53 @@ def load_or_profile(model: nn.Module, example_input: torch.Tensor, graph: OpGrap
     save_costs(table, path)
     return table
 
+
+
+def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: OpGraph, base: pd.DataFrame,
+                   device: str = "cpu", spec=None, measure: str = "hybrid"):
+    """Costs of variant graphs (``cost_fn`` of `monet.solver.choices.implementation_options`).
+
+    Nodes an implementation changed are measured with one quick run each on ``device``
+    (`profile_costs` with ``only``); the other nodes keep ``base``'s row (the table of
+    ``base_graph``, the captured graph with PyTorch's kernels).
+    ``measure="hybrid"``: analytic times (``spec``) scaled by the measured ratio of the
+    implementation to PyTorch's kernel, and measured workspace; ``measure="profile"``: measured
+    times (5 repeats) and workspace.
+
+    Returns:
+        ``cost_fn(variant_graph, keys, governed) -> CostArrays``.
+    """
+    from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
+
+    spec = spec or DeviceSpec.cpu_default()
+    repeats, warmup = (1, 0) if measure == "hybrid" else (5, 2)
+    base_graph_rows = base.set_index(["kind", "node"])
+    measured_base: dict = {}
+
+    def cost_fn(graph: OpGraph, keys, governed) -> "CostArrays":
+        changed = {(k[:3], int(k[4:])) for k in keys} | {("bwd", t) for k in keys for t in governed.get(k, ())}
+        table = analytic_costs(graph, spec)
+        prof = profile_costs(model, example_input, graph, device, repeats, warmup, progress=False,
+                             only=changed).set_index(["kind", "node"])
+        todo = changed - set(measured_base)
+        if measure == "hybrid" and todo:  # PyTorch's kernel on the same nodes, for the time ratio
+            measured_base.update(profile_costs(model, example_input, base_graph, device, 1, 0, progress=False,
+                                               only=todo).set_index(["kind", "node"])["time_s"].to_dict())
+        rows = []
+        for r in table.to_dict("records"):
+            key = (r["kind"], r["node"])
+            if key in changed:
+                r["workspace_bytes"] = int(prof.loc[key, "workspace_bytes"])
+                if measure == "profile":
+                    r["time_s"] = r["recompute_s"] = float(prof.loc[key, "time_s"])
+                elif key in measured_base and measured_base[key] > 0:
+                    ratio = float(prof.loc[key, "time_s"]) / measured_base[key]
+                    r["time_s"] = r["recompute_s"] = float(base_graph_rows.loc[key, "time_s"]) * ratio
+                r["source"] = f"{measure}:{device}"
+            else:
+                b = base_graph_rows.loc[key]
+                r.update(time_s=float(b["time_s"]), recompute_s=float(b["recompute_s"]),
+                         workspace_bytes=int(b["workspace_bytes"]), source=str(b["source"]))
+            rows.append(r)
+        return costs_for(graph, make_table(rows))
+    return cost_fn

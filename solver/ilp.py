@@ -70,6 +70,7 @@ class ILPResult:
     n_variables: int
     n_constraints: int
     solver: str
+    M: np.ndarray | None = None  # (O,) chosen implementation options (None without options)
 
 
 class _Problem:
@@ -81,20 +82,21 @@ class _Problem:
 
     def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False):
         t0 = time.perf_counter()
-        N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
-        self.N, self.T, self.G, self.mode = N, T, G, mode
+        N, T, G, O = len(graph.fwd), len(graph.bwd), len(mem.groups), mem.n_options
+        self.N, self.T, self.G, self.O, self.mode = N, T, G, O, mode
         gnode = mem.group_node
         anc = ancestors(graph)
+        rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
+        reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g (under some option)
+        reads[rt, rg] = True
         need = np.zeros((T, N), dtype=bool)  # stage t may need node i (read, or an ancestor of a read)
-        reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g
-        for t, node in enumerate(graph.bwd):
-            for v in node.reads:
-                reads[t, mem.group_of[v]] = True
-            for i in node.fwd_inputs:
+        for t in range(T):
+            for i in set(gnode[reads[t]].tolist()):
                 need[t, i] = True
                 need[t, list(anc[i])] = True
         random = np.array([n.random for n in graph.fwd], dtype=bool)
-        useful = np.array([n.saved_bytes > 0 for n in graph.fwd], dtype=bool)
+        useful = np.zeros(N, dtype=bool)
+        useful[gnode] = True
         need &= useful[None, :]
         allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need & ~random[None, :]
         # forward edges at group level: node j reads group g
@@ -115,22 +117,26 @@ class _Problem:
         kind = {"bounds": [0, 1]} if relax else {"boolean": True}  # relax: the LP relaxation
         self.r = cp.Variable(len(r_idx), name="R", **kind) if len(r_idx) else None
         self.s = cp.Variable(len(s_idx), name="S", **kind) if len(s_idx) else None
+        self.m = cp.Variable(O, name="M", **kind) if O else None
         TN, TG = T * N, T * G
         PR = sp.csr_matrix((np.ones(len(r_idx)), (r_idx, np.arange(len(r_idx)))), shape=(TN, max(len(r_idx), 1)))
         PS = sp.csr_matrix((np.ones(len(s_idx)), (s_idx, np.arange(len(s_idx)))), shape=(TG, max(len(s_idx), 1)))
         Rf = PR @ self.r if self.r is not None else np.zeros(TN)
         Sf = PS @ self.s if self.s is not None else np.zeros(TG)
+        Mv = self.m if self.m is not None else np.zeros(max(O, 1))
 
         def sel(idx, width, weights=None):
             """Sparse (len(idx), width) matrix picking entries idx of a flat vector."""
             w = np.ones(len(idx)) if weights is None else weights
-            return sp.csr_matrix((w, (np.arange(len(idx)), idx)), shape=(len(idx), width))
+            return sp.csr_matrix((w, (np.arange(len(idx)), idx)), shape=(len(idx), max(width, 1)))
 
         cons = []
-        # 1. backward node t reads group g: kept, or its node recomputed in the stage
-        tt, gg = np.nonzero(reads)
-        if len(tt):
-            cons.append(sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf >= 1)
+        # 1. backward node t reads group g: kept, or its node recomputed in the stage (if its option is chosen)
+        for cond in (ro < 0, ro >= 0):
+            tt, gg, oo = rt[cond], rg[cond], ro[cond]
+            if len(tt):
+                lhs = sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf
+                cons.append(lhs >= (1 if oo.size and oo[0] < 0 else sel(oo, O) @ Mv))
         # 2. keep only what was there: S[t+1, g] <= S[t, g] + R[t, node(g)]
         tt, gg = np.nonzero(allow_s[1:])
         if len(tt):
@@ -141,30 +147,80 @@ class _Problem:
             if len(tt):
                 cons.append(sel(tt * N + ej[ee], TN) @ Rf
                             <= sel(tt * N + gnode[eg[ee]], TN) @ Rf + sel(tt * G + eg[ee], TG) @ Sf)
+        if O:
+            # 3b. one implementation per choice; an option's own values are kept only under it
+            C = sp.csr_matrix((np.ones(O), ([mem.options[o].choice for o in range(O)], np.arange(O))),
+                              shape=(len(mem.choices), O))
+            cons.append(C @ Mv == 1)
+            tt, gg = np.nonzero(allow_s & (mem.group_option[None, :] >= 0))
+            if len(tt):
+                cons.append(sel(tt * G + gg, TG) @ Sf <= sel(mem.group_option[gg], O) @ Mv)
         # 4. memory, in units of `scale` bytes so that coefficients are near 1 (byte counts of 1e9
         # next to 0/1 variables make the LP badly conditioned: slow and inaccurate)
         self.scale = scale = float(max(mem.bwd_const.max(), mem.fwd_const.max(), 1.0))
         self.budget_var = cp.Variable(nonneg=True, name="budget")
-        self.fwd_mem = (mem.fwd_const + sp.csr_matrix(mem.fwd_keep) @ Sf[:G]) / scale if self.s is not None \
-            else mem.fwd_const / scale
+        fwd = mem.fwd_const / scale
+        if self.s is not None:
+            fwd = fwd + sp.csr_matrix(mem.fwd_keep / scale) @ Sf[:G]
+        if O:
+            fwd = fwd + sp.csr_matrix(mem.fwd_opt / scale) @ Mv
+        self.fwd_mem = fwd
         MS = sp.csr_matrix((np.tile(mem.saved_bytes, T) / scale, (np.repeat(np.arange(T), G), np.arange(TG))),
                            shape=(T, TG))
         MR = sp.csr_matrix((np.tile(mem.out_bytes, T) / scale, (np.repeat(np.arange(T), N), np.arange(TN))),
                            shape=(T, TN))
-        # a recomputation's workspace larger than the stage's own backward node needs: W[t] >= ws_i R[t, i]
-        big = allow_r & (mem.fwd_workspace[None, :] > mem.bwd_extra[:, None])
-        base = mem.bwd_const / scale
+        # W[t]: the largest temporary of stage t: its backward node's outputs and workspace (per
+        # option), or a recomputation's workspace: W[t] >= ws_i R[t, i] (ws_o (R[t, i] + M[o] - 1)
+        # for an option o of a choice node: exact, as W appears only in <= rows)
+        W = cp.Variable(T, nonneg=True, name="W")
+        floor = mem.bwd_extra.copy()
+        extra = mem.bwd_extra / scale
+        if O:
+            extra = extra + sp.csr_matrix(mem.bwd_opt / scale) @ Mv
+            for opts in mem.choices:
+                rows = mem.bwd_opt[:, opts]
+                has = rows.any(axis=1)
+                floor[has] += rows[has].min(axis=1)
+        cons.append(W >= extra)
+        big = allow_r & (mem.fwd_workspace[None, :] > floor[:, None])
         if big.any():
-            W = cp.Variable(T, nonneg=True, name="W")
             bt, bi = np.nonzero(big)
             Bt = sp.csr_matrix((np.ones(len(bt)), (np.arange(len(bt)), bt)), shape=(len(bt), T))
             cons.append(Bt @ W >= sel(bt * N + bi, TN, mem.fwd_workspace[bi] / scale) @ Rf)
-            cons.append(W >= mem.bwd_extra / scale)
-            self.bwd_mem = base + MS @ Sf + MR @ Rf + W
-        else:
-            self.bwd_mem = base + mem.bwd_extra / scale + MS @ Sf + MR @ Rf
+        for i, o, ws in mem.rec_ws:
+            ts = np.flatnonzero(allow_r[:, i] & (ws > floor))
+            if len(ts):
+                Bt = sp.csr_matrix((np.ones(len(ts)), (np.arange(len(ts)), ts)), shape=(len(ts), T))
+                cons.append(Bt @ W >= (ws / scale) * (sel(ts * N + i, TN) @ Rf + Mv[o] - 1))
+        self.bwd_mem = mem.bwd_const / scale + MS @ Sf + MR @ Rf + W
+        # 5. time: recomputations (per option for choice nodes whose options differ) and options
+        rec = np.asarray(recompute_s, dtype=float).copy()
+        q_terms = []
+        by_node: dict[int, list[int]] = {}
+        for o, opt in enumerate(mem.options):
+            if opt.node >= 0:
+                by_node.setdefault(opt.node, []).append(o)
+        self.opt_time = np.zeros(O)
+        for o, opt in enumerate(mem.options):
+            t_o = sum(float(opt.bwd_time[t]) for t in opt.governed)
+            if opt.node >= 0:
+                t_o += float(opt.fwd_time[opt.node])
+            self.opt_time[o] = t_o
+        for i, opts in by_node.items():
+            times = np.array([mem.options[o].fwd_recompute[i] for o in opts])
+            ts = np.flatnonzero(allow_r[:, i])
+            if times.max() - times.min() <= 0.01 * max(times.max(), 1e-12) or not len(ts):
+                rec[i] = times.max()
+                continue
+            rec[i] = 0.0
+            Q = cp.Variable(len(ts), nonneg=True, name=f"Q{i}")
+            Ri = sel(ts * N + i, TN) @ Rf
+            for o, t_o in zip(opts, times):
+                cons.append(Q >= t_o * (Ri + Mv[o] - 1))
+            q_terms.append(cp.sum(Q))
+        self.q_terms = q_terms
         self.cons = cons
-        self.recompute_cost = np.tile(np.asarray(recompute_s, dtype=float), T)
+        self.recompute_cost = np.tile(rec, T)
         self.build_time_s = time.perf_counter() - t0
 
     def memory_constraints(self, limit):
@@ -190,10 +246,10 @@ class _Problem:
         A CBC stopped by its time limit may hand back a fractional point, or an integral point of a
         node it had not finished, through cvxpy: neither is trusted.
         """
-        for v in (self.r, self.s):
+        for v in (self.r, self.s, self.m):
             if v is not None and (v.value is None or np.max(np.abs(v.value - np.round(v.value)), initial=0) > 1e-4):
                 return False
-        saved = [(v, v.value) for v in (self.r, self.s) if v is not None]
+        saved = [(v, v.value) for v in (self.r, self.s, self.m) if v is not None]
         for v, val in saved:
             v.value = np.round(val)
         try:
@@ -211,9 +267,19 @@ class _Problem:
         return out.reshape(self.T, self.G)
 
     def time_objective(self):
-        if self.r is None:
-            return cp.Constant(0.0)
-        return self.recompute_cost[self.r_idx] @ self.r
+        """Recomputation time plus the time of the chosen implementations (seconds)."""
+        obj = cp.Constant(0.0) if self.r is None else self.recompute_cost[self.r_idx] @ self.r
+        if self.m is not None:
+            obj = obj + self.opt_time @ self.m
+        for q in self.q_terms:
+            obj = obj + q
+        return obj
+
+    def chosen_options(self) -> np.ndarray | None:
+        """(O,) 0/1 options from the solver's values (None if there are no options or no values)."""
+        if self.m is None or self.m.value is None:
+            return None
+        return np.asarray(self.m.value) > 0.5
 
 
 def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool) -> float:
@@ -254,24 +320,26 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     """Smallest budget (bytes) for which a schedule exists in ``mode``, and that schedule.
 
     Solves ``min budget`` subject to the ILP's constraints, then compares its schedule with the
-    repaired candidates of `monet.solver.repair` by ``peak_of(S, R)`` (the simulator's exact peak
-    when given; else the ILP's expression, an upper bound).  Returns (bytes, proven, S (T, G),
-    R (T, N)): ``proven`` is False unless the solver proved its optimum and nothing beat it.
+    repaired candidates of `monet.solver.repair` by ``peak_of(S, R[, M])`` (the simulator's exact
+    peak when given; else the ILP's expression, an upper bound).  Returns (bytes, proven, S (T, G),
+    R (T, N), M (O,) or None for PyTorch's implementations): ``proven`` is False unless the solver
+    proved its optimum and nothing beat it.
     """
     peak_of = peak_of or mem.peak
     P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
     problem = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     _solve(problem, solver, time_limit, verbose)
-    best = smallest_candidate(graph, mem, P.fractional_s(), P.allow_s, peak_of)
-    proven = False
+    # repaired candidates use PyTorch's implementations (M = None)
+    peak, S, R = smallest_candidate(graph, mem, P.fractional_s(), P.allow_s, peak_of)
+    best, proven = (peak, S, R, None), False
     if P.integral():
-        S, R = P.matrices()
-        peak = peak_of(S, R)
+        S, R, M = *P.matrices(), P.chosen_options()
+        peak = peak_of(S, R) if M is None else peak_of(S, R, M)
         if peak <= best[0]:
-            best, proven = (peak, S, R), problem.status == cp.OPTIMAL and peak_of is mem.peak
-    peak, S, R = best
-    return int(np.ceil(peak)), proven, S, R
+            best, proven = (peak, S, R, M), problem.status == cp.OPTIMAL and peak_of is mem.peak
+    peak, S, R, M = best
+    return int(np.ceil(peak)), proven, S, R, M
 
 
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
@@ -294,8 +362,6 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget.
         RuntimeError: the solver found no schedule within the time limit.
     """
-    if mode not in ("none", "normal"):
-        raise ValueError(f"mode {mode!r} is not available yet; choose 'none' or 'normal'")
     P = _Problem(graph, mem, recompute_s, mode)
     objective = P.time_objective()
     # 1e-6 below the budget: solvers accept violations up to their tolerance
@@ -306,8 +372,16 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     t_solve = _solve(problem, solver, time_limit, verbose)
     status = problem.status
     solver_name = solver.upper()
+    M = None
     if P.integral():
         S, R = P.matrices()
+        M = P.chosen_options()
+    elif mem.n_options:
+        # the caller (solver.solve.solve_full) fixes the implementations and repairs
+        frac = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
+        return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=None, gap=None, status="no_integer",
+                         solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
+                         n_constraints=int(n_cons), solver=solver.upper(), M=frac)
     else:
         # Infeasible for the ILP's (pessimistic) memory, or stopped by the time limit without an
         # integer schedule (CBC through cvxpy then hands back a fractional point): round and repair
@@ -315,7 +389,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         fit = peak_of or mem.peak
         best = round_and_repair(graph, mem, P.fractional_s(), P.allow_s, float(budget), recompute_s, fit)
         if best is None:
-            least, proven, S_min, R_min = solve_min_budget(graph, mem, mode, solver, time_limit, verbose, peak_of)
+            least, proven, S_min, R_min, _ = solve_min_budget(graph, mem, mode, solver, time_limit, verbose, peak_of)
             if least > budget:
                 raise InfeasibleBudgetError(int(budget), least, mode, exact=proven)
             best = (S_min, R_min, None)
@@ -325,14 +399,17 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     if mode == "none":
         S = S | P.allow_s
     S = mem.group_to_node(S)
-    obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s
+    if M is not None:  # recomputation + chosen implementations, as the ILP counts it
+        obj = float(problem.value) + constant_s
+    else:
+        obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s
     optimal = status == cp.OPTIMAL
     bound = obj if optimal else None
     if not optimal:
         lp = lp_bound(graph, mem, recompute_s, budget, mode, min(time_limit, 10.0))
         bound = None if lp is None else lp + constant_s
     gap = 0.0 if optimal else (None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0)
-    return ILPResult(S=S, R=R, objective_s=obj, bound_s=bound, gap=gap,
+    return ILPResult(S=S, R=R, M=M, objective_s=obj, bound_s=bound, gap=gap,
                      status="optimal" if optimal else ("heuristic" if status == "heuristic" else "time_limit"),
                      solve_time_s=t_solve,
                      build_time_s=P.build_time_s, n_variables=int(n_vars), n_constraints=int(n_cons),

@@ -1,28 +1,35 @@
 """The memory terms of the ILP, as arrays (MONeT, Shah et al. ICLR 2021, Sec. 4 "memory constraints").
 
-All quantities are bytes.  With N forward nodes and T backward stages:
+All quantities are bytes.  With N forward nodes, T backward stages, G kept-value groups and O
+implementation options:
 
+* **Groups.**  One group per forward value that something reads after its producer ran (a
+  kept-or-recomputed candidate); S is indexed by group, so keeping BatchNorm's batch statistics
+  does not count its output.  A value that exists only under one implementation of its node (a
+  1-bit ReLU mask, compact max-pool offsets) is a group of its own, tied to that option.
+* **Options.**  A node with several implementations (`monet.impls`) is a *choice*; its options
+  are one-hot variables M.  An option changes the node's outputs (new compact values), its
+  workspace and time, and what its backward nodes (the *governed* ones) read and allocate.  The
+  numbers come from variant graphs in which the implementation is applied (`solver.choices`).
 * **Forward pass** (stage 0 of the paper, every node computed in order).  While forward node k runs,
   the live bytes are: the constants, the values produced before k that a later forward node or a
-  forward output still reads, the values of kept nodes (``S[0, i] = 1``) that nothing in the forward
-  reads any more, and node k's outputs and workspace.  This is exact: the executor frees a value
-  after its last use unless it is kept.  Written ``fwd_const[k] + fwd_keep[k] @ S[0] <= budget``.
-* **Groups.**  A forward node's kept values form up to two groups: those a backward node reads
-  and those only recomputations read (BatchNorm's output is read by the next ReLU only; its
-  batch statistics by its backward node).  S is indexed by group, so keeping the statistics does
-  not count the output.
+  forward output still reads, the values of kept groups that nothing in the forward reads any
+  more, and node k's outputs and workspace.  This is exact: the executor frees a value after its
+  last use unless it is kept.  Written ``fwd_const[k] + fwd_keep[k] @ S[0] + fwd_opt[k] @ M``.
 * **Backward stage t.**  The constants, the caller's outputs, the backward values live at the start
   of the stage (``bwd_live[t]``, gradients: independent of the schedule), the kept values
-  ``saved_bytes @ S[t]`` (S over groups), the values recomputed in the stage ``out_bytes @ R[t]``, and the larger of
-  the backward node's outputs plus workspace and each recomputation's workspace.  Recomputed
-  values are counted until the end of the stage although the executor frees them after their last
-  use, and kept values until the stage that drops them although the executor frees them after
-  their last read: the expression is an upper bound of the simulator's peak, so a schedule that
-  satisfies it fits the budget (tested in tests/test_memory_model.py).
+  ``saved_bytes @ S[t]``, the values recomputed in the stage ``out_bytes @ R[t]`` (for a choice
+  node the largest of its options), and the larger of the backward node's outputs plus workspace
+  (``bwd_extra[t] + bwd_opt[t] @ M``) and each recomputation's workspace.  Recomputed values are
+  counted until the end of the stage although the executor frees them after their last use, and
+  kept values until the stage that drops them although the executor frees them after their last
+  read: the expression is an upper bound of the simulator's peak, so a schedule that satisfies it
+  fits the budget (tested in tests/test_memory_model.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,19 +37,53 @@ from monet.graph import OpGraph
 
 
 @dataclass
+class Option:
+    """One implementation option of a choice (see the module docstring).
+
+    Attributes:
+        choice: index of its choice; ``key`` the node (``"fwd:<id>"``/``"bwd:<id>"``); ``impl`` the
+            implementation name (``"default"`` = PyTorch's).
+        graph: the graph in which the option is applied (the base graph for ``"default"``).
+        node: the forward node id of a forward choice, -1 for a backward-only choice.
+        governed: backward node ids whose reads, outputs or workspace depend on the option.
+        fwd_workspace, bwd_workspace: (N,), (T,) bytes of temporaries in ``graph``.
+        fwd_time, fwd_recompute, bwd_time: (N,), (N,), (T,) seconds in ``graph``.
+    """
+
+    choice: int
+    key: str
+    impl: str
+    graph: OpGraph
+    node: int
+    governed: tuple[int, ...]
+    fwd_workspace: np.ndarray
+    bwd_workspace: np.ndarray
+    fwd_time: np.ndarray
+    fwd_recompute: np.ndarray
+    bwd_time: np.ndarray
+
+
+@dataclass
 class MemoryModel:
     """Coefficients of the ILP's memory constraints (bytes); see the module docstring.
 
     Attributes:
-        fwd_const: (N,) bytes live while forward node k runs that do not depend on S.
+        fwd_const: (N,) bytes live while forward node k runs that do not depend on S or M.
         fwd_keep: (N, G) fwd_keep[k, g] = bytes of group g live while node k runs only if kept.
-        groups: (G,) list of value-name tuples; ``group_node[g]`` its forward node, ``group_of``
-            value name -> group index.
+        fwd_opt: (N, O) bytes node k allocates (option-specific outputs + workspace) per option.
+        groups: (G,) list of group keys ``(node, slot)`` or ``(node, slot, impl)``; ``group_node[g]``
+            its forward node, ``group_option[g]`` the option it belongs to (-1: every option),
+            ``group_of`` value name (in the base graph) -> group index.
         bwd_const: (T,) constants + outputs + backward values live at stage t.
-        bwd_extra: (T,) outputs + workspace of backward node t.
+        bwd_extra: (T,) outputs + workspace of backward node t (0 for governed nodes: see bwd_opt).
+        bwd_opt: (T, O) outputs + workspace of a governed backward node per option.
         saved_bytes: (G,) bytes a kept group holds.
-        out_bytes: (N,) bytes a recomputed forward node allocates.
-        fwd_workspace: (N,) workspace of each forward node when recomputed.
+        out_bytes: (N,) bytes a recomputed forward node allocates (largest over its options).
+        fwd_workspace: (N,) workspace of each forward node when recomputed (0 for choice nodes:
+            see rec_ws).
+        rec_ws: list of (node, option, bytes): a choice node's workspace under an option.
+        reads: (K, 3) int array of (stage t, group g, option o or -1): stage t reads g (if o).
+        options: the `Option` list; ``choices``: option indices per choice.
         constant: parameters + buffers + input + output gradient.
     """
 
@@ -57,6 +98,17 @@ class MemoryModel:
     groups: list
     group_node: np.ndarray
     group_of: dict
+    group_option: np.ndarray = None
+    fwd_opt: np.ndarray = None
+    bwd_opt: np.ndarray = None
+    rec_ws: list = field(default_factory=list)
+    reads: np.ndarray = None
+    options: list = field(default_factory=list)
+    choices: list = field(default_factory=list)
+
+    @property
+    def n_options(self) -> int:
+        return len(self.options)
 
     def node_to_group(self, S_nodes: np.ndarray) -> np.ndarray:
         """(T, N) node-level keep matrix -> (T, G): a kept node keeps all its groups."""
@@ -70,37 +122,62 @@ class MemoryModel:
             out[:, i] |= S_groups[:, g]
         return out
 
-    def fwd_peak(self, keep: np.ndarray) -> float:
-        """Peak of the forward pass for a keep vector (G,) of 0/1 over groups."""
-        return float(np.max(self.fwd_const + self.fwd_keep @ np.asarray(keep, dtype=float)))
+    def default_options(self) -> np.ndarray:
+        """(O,) one-hot M choosing PyTorch's implementation everywhere."""
+        M = np.zeros(self.n_options)
+        for opts in self.choices:
+            M[opts[0]] = 1.0
+        return M
 
-    def bwd_peaks(self, S: np.ndarray, R: np.ndarray) -> np.ndarray:
-        """(T,) upper bound of each backward stage's peak for 0/1 matrices S (T, G) and R (T, N)."""
+    def fwd_peak(self, keep: np.ndarray, M: np.ndarray | None = None) -> float:
+        """Peak of the forward pass for a keep vector (G,) of 0/1 over groups and options M (O,)."""
+        M = self.default_options() if M is None else np.asarray(M, dtype=float)
+        return float(np.max(self.fwd_const + self.fwd_keep @ np.asarray(keep, dtype=float) + self.fwd_opt @ M))
+
+    def bwd_peaks(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None) -> np.ndarray:
+        """(T,) upper bound of each backward stage's peak for 0/1 S (T, G), R (T, N), M (O,)."""
+        M = self.default_options() if M is None else np.asarray(M, dtype=float)
         S = np.asarray(S, dtype=float)
         R = np.asarray(R, dtype=float)
-        work = np.maximum(self.bwd_extra, (R * self.fwd_workspace[None, :]).max(axis=1))
+        work = np.maximum(self.bwd_extra + self.bwd_opt @ M, (R * self.fwd_workspace[None, :]).max(axis=1))
+        for i, o, ws in self.rec_ws:
+            if M[o] > 0.5:
+                work = np.maximum(work, R[:, i] * ws)
         return self.bwd_const + S @ self.saved_bytes + R @ self.out_bytes + work
 
-    def peak(self, S: np.ndarray, R: np.ndarray) -> float:
+    def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None) -> float:
         """The ILP's peak for a schedule: max of the forward and every backward stage (bytes)."""
-        return max(self.fwd_peak(np.asarray(S)[0]), float(self.bwd_peaks(S, R).max()))
+        return max(self.fwd_peak(np.asarray(S)[0], M), float(self.bwd_peaks(S, R, M).max()))
 
 
-def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None) -> MemoryModel:
-    """The `MemoryModel` of a graph, with per-node workspace in bytes (None = zero)."""
-    joint = graph.joint
+class _Index:
+    """Per-graph lookups: value name -> output slot (a getitem's index, else 0) and -> forward node."""
+
+    def __init__(self):
+        self._cache: dict[int, tuple[dict, dict]] = {}
+
+    def _of(self, g: OpGraph):
+        if id(g) not in self._cache:
+            slots = {n.name: int(n.args[1]) for n in g.joint.graph.find_nodes(op="call_function",
+                                                                              target=operator.getitem)}
+            self._cache[id(g)] = (slots, g.fwd_node_of())
+        return self._cache[id(g)]
+
+    def slot(self, g: OpGraph, name: str) -> int:
+        return self._of(g)[0].get(name, 0)
+
+    def node(self, g: OpGraph, name: str) -> int:
+        return self._of(g)[1][g.values[name].producer]
+
+
+def _last_readers(graph: OpGraph):
+    """Last forward reader (node id; N = a forward output) and last backward reader of every value."""
+    joint, root = graph.joint, graph.alias_root
     N, T = len(graph.fwd), len(graph.bwd)
-    fws = np.zeros(N) if fwd_workspace is None else np.maximum(np.asarray(fwd_workspace, dtype=float), 0)
-    bws = np.zeros(T) if bwd_workspace is None else np.maximum(np.asarray(bwd_workspace, dtype=float), 0)
-    root = graph.alias_root
     fwd_main = {n.name: n.id for n in graph.fwd}
     bwd_main = {n.name: n.id for n in graph.bwd}
-
-    # last forward reader (forward node id; N = a forward output) and last backward reader of every value
     last_f: dict[str, int] = {}
     last_b: dict[str, int] = {}
-    out_node = next(n for n in joint.graph.nodes if n.op == "output")
-    outs = list(out_node.args[0])
     for n in joint.graph.nodes:
         if n.op == "call_function" and (n.name in fwd_main or n.name in bwd_main):
             for a in n.all_input_nodes:
@@ -109,38 +186,125 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None) -
                     last_f[r] = max(last_f.get(r, -1), fwd_main[n.name])
                 else:
                     last_b[r] = max(last_b.get(r, -1), bwd_main[n.name])
+    outs = list(next(n for n in joint.graph.nodes if n.op == "output").args[0])
     for o in outs[:graph.num_fwd_outputs]:
         if o is not None:
             last_f[root.get(o.name, o.name)] = N
     for o in outs[graph.num_fwd_outputs:]:
         if o is not None:
             last_b[root.get(o.name, o.name)] = T
+    return last_f, last_b
 
-    groups, group_node, group_of = [], [], {}
+
+def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
+                       options: list[Option] | None = None) -> MemoryModel:
+    """The `MemoryModel` of a graph, with per-node workspace in bytes (None = zero).
+
+    Args:
+        graph: the base graph (PyTorch's implementations).
+        fwd_workspace, bwd_workspace: (N,), (T,) bytes of temporaries in the base graph.
+        options: implementation options (`solver.choices.implementation_options`); each choice's
+            options in a row, its first option ``"default"``.  None: no choices (``normal`` mode).
+
+    Raises:
+        ValueError: an option whose own values are read by a forward node (implementations may
+            only add values that backward nodes read).
+    """
+    options = options or []
+    N, T = len(graph.fwd), len(graph.bwd)
+    O = len(options)
+    fws = np.zeros(N) if fwd_workspace is None else np.maximum(np.asarray(fwd_workspace, dtype=float), 0)
+    bws = np.zeros(T) if bwd_workspace is None else np.maximum(np.asarray(bwd_workspace, dtype=float), 0)
+    last_f, last_b = _last_readers(graph)
+    choices: list[list[int]] = []
+    for o, opt in enumerate(options):
+        if opt.choice == len(choices):
+            choices.append([])
+        choices[opt.choice].append(o)
+    fwd_choice = {opt.node: opt.choice for opt in options if opt.node >= 0}
+    governed = {t: opt.choice for opt in options for t in opt.governed}
+
+    # ---- groups: common values by (node, slot); option-specific ones by (node, slot, impl)
+    index = _Index()
+
+    def saved_sig(g: OpGraph, i: int):
+        return {(index.slot(g, v), g.values[v].nbytes): v for v in g.fwd[i].outputs}
+
+    common: dict[int, set] = {}
+    for i, c in fwd_choice.items():
+        sigs = [set(saved_sig(options[o].graph, i)) for o in choices[c]]
+        common[i] = set.intersection(*sigs)
+
+    groups, group_node, group_option, saved_bytes, group_index = [], [], [], [], {}
+
+    def add_group(key, node, option, nbytes):
+        if key not in group_index:
+            group_index[key] = len(groups)
+            groups.append(key)
+            group_node.append(node)
+            group_option.append(option)
+            saved_bytes.append(nbytes)
+        return group_index[key]
+
+    def key_of(g: OpGraph, name: str):
+        """The group key of a value of graph ``g`` (base or variant)."""
+        i = index.node(g, name)
+        slot = index.slot(g, name)
+        if i not in fwd_choice or (slot, g.values[name].nbytes) in common[i]:
+            return (i, slot)
+        return (i, slot, g.impls.get(f"fwd:{i}", "default"))
+
+    group_of: dict[str, int] = {}
     for node in graph.fwd:
-        bwd_read = [v for v in node.saved if v in set(node.bwd_read)]
-        only_fwd = [v for v in node.saved if v not in set(node.bwd_read)]
-        for vals in (bwd_read, only_fwd):
-            if vals:
-                for v in vals:
-                    group_of[v] = len(groups)
-                groups.append(tuple(vals))
-                group_node.append(node.id)
+        for v in node.saved:
+            k = key_of(graph, v)
+            opt = -1 if len(k) == 2 else choices[fwd_choice[node.id]][0]
+            group_of[v] = add_group(k, node.id, opt, graph.values[v].nbytes)
+    for o, opt in enumerate(options):
+        if opt.node < 0 or opt.impl == "default":
+            continue
+        g = opt.graph
+        for v in g.fwd[opt.node].saved:
+            k = key_of(g, v)
+            if len(k) == 3:
+                add_group(k, opt.node, o, g.values[v].nbytes)
     G = len(groups)
+    group_option = np.array(group_option, dtype=int)
+
+    # ---- forward pass
     constant = graph.param_bytes + graph.buffer_bytes + graph.input_bytes + graph.tangent_bytes
     fwd_const = np.zeros(N)
     fwd_keep = np.zeros((N, G))
+    fwd_opt = np.zeros((N, O))
     for node in graph.fwd:
         for v in node.outputs:
             b = graph.values[v].nbytes
+            specific = node.id in fwd_choice and len(key_of(graph, v)) == 3
             last = last_f.get(v, node.id)
-            # live at k in (node.id, last]; kept values beyond that if their group is kept
+            if specific and last > node.id:
+                raise ValueError(f"value {v} of forward node {node.id} depends on its implementation but a "
+                                 f"forward node reads it")
             fwd_const[node.id + 1:last + 1] += b
-            if v in group_of:
+            if v in group_of and not specific:
                 fwd_keep[last + 1:, group_of[v]] += b
-        fwd_const[node.id] += node.out_bytes + fws[node.id]
+            if not specific:
+                fwd_const[node.id] += b
+        if node.id not in fwd_choice:
+            fwd_const[node.id] += fws[node.id]
+    for o, opt in enumerate(options):
+        if opt.node < 0:
+            continue
+        g, i = opt.graph, opt.node
+        for v in g.fwd[i].outputs:
+            k = key_of(g, v)
+            if len(k) == 3:
+                fwd_opt[i, o] += g.values[v].nbytes
+                if k in group_index:
+                    fwd_keep[i + 1:, group_index[k]] += g.values[v].nbytes
+        fwd_opt[i, o] += max(0.0, float(opt.fwd_workspace[i]))
     fwd_const += constant
 
+    # ---- backward stages
     bwd_live = np.zeros(T)
     for node in graph.bwd:
         for v in node.outputs:
@@ -148,8 +312,35 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None) -
             bwd_live[node.id + 1:last + 1] += graph.values[v].nbytes
     bwd_const = constant + graph.output_bytes + bwd_live
     bwd_extra = np.array([n.out_bytes for n in graph.bwd], dtype=float) + bws
+    bwd_opt = np.zeros((T, O))
+    for t in governed:
+        bwd_extra[t] = 0.0
+    for o, opt in enumerate(options):
+        for t in opt.governed:
+            bwd_opt[t, o] = opt.graph.bwd[t].out_bytes + max(0.0, float(opt.bwd_workspace[t]))
+
+    out_bytes = np.array([n.out_bytes for n in graph.fwd], dtype=float)
+    rec_ws = []
+    fws_rec = fws.copy()
+    for o, opt in enumerate(options):
+        if opt.node >= 0:
+            out_bytes[opt.node] = max(out_bytes[opt.node], opt.graph.fwd[opt.node].out_bytes)
+            fws_rec[opt.node] = 0.0
+            if opt.fwd_workspace[opt.node] > 0:
+                rec_ws.append((opt.node, o, float(opt.fwd_workspace[opt.node])))
+
+    # ---- what each stage reads: (t, group, option or -1)
+    reads = []
+    for t, node in enumerate(graph.bwd):
+        if t in governed:
+            for o in choices[governed[t]]:
+                g = options[o].graph
+                reads += [(t, group_index[key_of(g, v)], o) for v in g.bwd[t].reads]
+        else:
+            reads += [(t, group_of[v], -1) for v in node.reads]
     return MemoryModel(fwd_const=fwd_const, fwd_keep=fwd_keep, bwd_const=bwd_const, bwd_extra=bwd_extra,
-                       saved_bytes=np.array([sum(graph.values[v].nbytes for v in g) for g in groups], dtype=float),
-                       out_bytes=np.array([n.out_bytes for n in graph.fwd], dtype=float),
-                       fwd_workspace=fws, constant=constant, groups=groups,
-                       group_node=np.array(group_node, dtype=int), group_of=group_of)
+                       saved_bytes=np.array(saved_bytes, dtype=float), out_bytes=out_bytes,
+                       fwd_workspace=fws_rec, constant=constant, groups=groups,
+                       group_node=np.array(group_node, dtype=int), group_of=group_of,
+                       group_option=group_option, fwd_opt=fwd_opt, bwd_opt=bwd_opt, rec_ws=rec_ws,
+                       reads=np.array(reads, dtype=int).reshape(-1, 3), options=options, choices=choices)

@@ -4,7 +4,8 @@ Every solver here has one signature, ``solve_x(graph, costs, budget, ...) -> Sol
 "Shape of the code"), so the ILP and the baselines are compared on the same inputs:
 
 * `solve_none`: keep everything, recompute nothing (plain PyTorch);
-* `solve_normal`: MONeT's ILP, recompute-or-store (`monet.solver.ilp`).
+* `solve_normal`: MONeT's ILP, recompute-or-store (`monet.solver.ilp`);
+* `solve_full`: the ILP choosing operator implementations too (MONeT's other modes).
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from monet.profiling.costs import CostArrays
 from monet.schedule import schedule_from_matrices
 from monet.simulate import simulate
 from monet.solution import Solution, SolutionMeta
+from monet.impls import MODES, mode_tokens
+from monet.solver.choices import chosen_graph, chosen_impls, implementation_options
 from monet.solver.ilp import InfeasibleBudgetError, solve_ilp, solve_min_budget
 from monet.solver.memory_model import MemoryModel, build_memory_model
 
-MODES = ("none", "normal")
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
           "GB": 2 ** 30, "GIB": 2 ** 30, "TB": 2 ** 40, "TIB": 2 ** 40}
 
@@ -59,14 +61,17 @@ def parse_budget(text: str | int, eager_peak_bytes: int | None = None) -> int:
 
 
 def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, status: str, solver: str,
-            objective_s: float, bound_s, gap, solve_time_s: float, info: dict) -> Solution:
+            objective_s: float, bound_s, gap, solve_time_s: float, info: dict, inplace: bool = False,
+            eager: int | None = None) -> Solution:
+    """The `Solution` of (S, R) on ``graph`` (with its implementations, ``graph.impls``), simulated."""
     schedule = schedule_from_matrices(graph, S, R)
+    schedule.impl, schedule.inplace = dict(graph.impls), inplace
     fw, bw = build_modules(graph, schedule)
     sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace)
     if mode != "none" and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
-    eager = eager_peak(graph, costs)
+    eager = eager_peak(graph, costs) if eager is None else eager
     eager_time = float(costs.fwd_time.sum() + costs.bwd_time.sum())
     shape = graph.input_shape
     meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", shape[0] if shape else 0),
@@ -98,12 +103,17 @@ def memory_model(graph: OpGraph, costs: CostArrays) -> MemoryModel:
     return build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace)
 
 
-def simulated_peak_fn(graph: OpGraph, costs: CostArrays, mem: MemoryModel):
-    """``peak_of(S (T, G), R (T, N)) -> bytes``: the simulator's peak of the schedule the executor would run."""
-    def peak_of(S_groups, R):
-        schedule = schedule_from_matrices(graph, mem.group_to_node(S_groups), R)
-        fw, bw = build_modules(graph, schedule)
-        return simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
+def simulated_peak_fn(graph: OpGraph, costs: CostArrays, mem: MemoryModel, inplace: bool = False):
+    """``peak_of(S (T, G), R (T, N), M (O,) = None) -> bytes``: the simulator's peak of the schedule
+    the executor would run (with the implementations M chooses; None: PyTorch's)."""
+    def peak_of(S_groups, R, M=None):
+        g, c = graph, costs
+        if M is not None and mem.n_options:
+            g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
+        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R)
+        schedule.impl, schedule.inplace = dict(g.impls), inplace
+        fw, bw = build_modules(g, schedule)
+        return simulate(g, fw, bw, c.fwd_workspace, c.bwd_workspace).peak_bytes
     return peak_of
 
 
@@ -119,45 +129,170 @@ def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 
 
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *,
-                 solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False) -> Solution:
-    """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors)."""
+                 solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, mode: str = "normal",
+                 inplace: bool = False, eager: int | None = None) -> Solution:
+    """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors).
+
+    ``graph`` may carry implementations already (``graph.impls``, fixed by `solve_full`); ``mode``
+    is the label stored in the solution, ``inplace`` turns on in-place ReLU/add in the executor.
+    """
     mem = memory_model(graph, costs)
     const = float(costs.fwd_time.sum() + costs.bwd_time.sum())
     t0 = time.perf_counter()
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
                     time_limit=time_limit, constant_s=const, verbose=verbose,
-                    peak_of=simulated_peak_fn(graph, costs, mem))
-    return _finish(graph, costs, res.S, res.R, budget=budget, mode="normal", status=res.status, solver=res.solver,
+                    peak_of=simulated_peak_fn(graph, costs, mem, inplace))
+    return _finish(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                   solve_time_s=time.perf_counter() - t0, info=info or {})
+                   solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
 
 
-SOLVE = {"none": solve_none, "normal": solve_normal}
+def analytic_cost_fn(spec=None):
+    """A ``cost_fn`` for `solver.choices.implementation_options`: analytic costs of a variant graph."""
+    from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
+
+    def cost_fn(graph: OpGraph, _keys, _governed) -> CostArrays:
+        return costs_for(graph, analytic_costs(graph, spec or DeviceSpec.cpu_default()))
+    return cost_fn
+
+
+def lean_impls(options) -> dict[str, str]:
+    """A memory-lean implementation per choice: a compact new value (mask, offsets) where there is
+    one, else the option with the least workspace (ties: PyTorch's)."""
+    from monet.impls import IMPLS
+
+    best: dict[str, tuple] = {}
+    for o in options:
+        token = IMPLS[o.impl].token if o.impl in IMPLS else ""
+        ws = sum(float(o.bwd_workspace[t]) for t in o.governed) + (float(o.fwd_workspace[o.node]) if o.node >= 0 else 0)
+        rank = (0 if token == "newnode" else 1, ws, o.impl != "default")
+        if o.key not in best or rank < best[o.key][0]:
+            best[o.key] = (rank, o.impl)
+    return {k: v for k, (_, v) in best.items() if v != "default"}
+
+
+def full_model(graph: OpGraph, costs: CostArrays, mode: str, device: str = "cpu", cost_fn=None, progress=None):
+    """(implementation options, `MemoryModel` with them) for a mode (`solver.choices`)."""
+    options = implementation_options(graph, costs, mode, device, cost_fn or analytic_cost_fn(), progress)
+    return options, build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace, options)
+
+
+def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *, mode: str,
+               solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, device: str = "cpu",
+               cost_fn=None, progress=None) -> Solution:
+    """MONeT's ILP choosing operator implementations jointly with checkpoints (Sec. 4).
+
+    ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  When the solver
+    returns no integer schedule in time, the implementations are fixed (rounding the relaxation's
+    choice, else the memory-lean ones of `lean_impls`) and the normal-mode ILP with its repair
+    fallback schedules that graph (status "heuristic").
+
+    Raises:
+        InfeasibleBudgetError: no schedule fits; names the smallest feasible budget found.
+    """
+    inplace = "inplace" in mode_tokens(mode)
+    eager = eager_peak(graph, costs)
+    options, mem = full_model(graph, costs, mode, device, cost_fn, progress)
+    if not options:
+        return solve_normal(graph, costs, budget, info, solver=solver, time_limit=time_limit, verbose=verbose,
+                            mode=mode, inplace=inplace, eager=eager)
+    governed = {t for o in options for t in o.governed}
+    chosen_nodes = {o.node for o in options if o.node >= 0}
+    fixed = float(sum(costs.fwd_time[i] for i in range(len(graph.fwd)) if i not in chosen_nodes)
+                  + sum(costs.bwd_time[t] for t in range(len(graph.bwd)) if t not in governed))
+    t0 = time.perf_counter()
+    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver, time_limit=time_limit,
+                    constant_s=fixed, verbose=verbose)
+    if res.status != "no_integer":
+        g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
+        return _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
+                       objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
+                       solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
+    impls = lean_impls(options) if res.M is None else _round_options(options, res.M)
+    g, c = chosen_graph(graph, costs, options, impls)
+    try:
+        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=time_limit, verbose=verbose, mode=mode,
+                           inplace=inplace, eager=eager)
+    except InfeasibleBudgetError:
+        least, proven, g, c, S, R = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
+        if least > budget:
+            raise InfeasibleBudgetError(budget, least, mode, exact=proven) from None
+        # the smallest-budget schedule fits this budget: use it
+        sol = _finish(g, c, S, R, budget=budget, mode=mode, status="heuristic", solver=solver.upper() + "+min-budget",
+                      objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
+                      solve_time_s=0.0, info=info or {}, inplace=inplace, eager=eager)
+    sol.meta.status, sol.meta.solver = "heuristic", f"{solver.upper()}+fixed-impls"
+    sol.meta.solve_time_s = time.perf_counter() - t0
+    return sol
+
+
+def _round_options(options, M_frac) -> dict[str, str]:
+    """The option with the largest relaxed value in each choice."""
+    best: dict[str, tuple[float, str]] = {}
+    for o, v in zip(options, M_frac):
+        if o.key not in best or v > best[o.key][0]:
+            best[o.key] = (float(v), o.impl)
+    return {k: name for k, (_, name) in best.items() if name != "default"}
+
+
+def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
+              cost_fn=None):
+    """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N)) of the
+    smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
+    memory-lean implementations (`lean_impls`) if that is smaller."""
+    tokens = mode_tokens(mode)
+    inplace = "inplace" in tokens
+    options, mem = full_model(graph, costs, mode, device, cost_fn) if tokens - {"inplace"} else ([], None)
+    if not options:
+        mem = memory_model(graph, costs)
+    least, proven, S, R, M = solve_min_budget(graph, mem, mode, solver, time_limit,
+                                              peak_of=simulated_peak_fn(graph, costs, mem, inplace))
+    g, c = (chosen_graph(graph, costs, options, chosen_impls(options, M)) if M is not None else (graph, costs))
+    best = (least, proven, g, c, mem.group_to_node(S), R)
+    if options:
+        g, c = chosen_graph(graph, costs, options, lean_impls(options))
+        m = memory_model(g, c)
+        lean, _, S, R, _ = solve_min_budget(g, m, "normal", solver, time_limit,
+                                            peak_of=simulated_peak_fn(g, c, m, inplace))
+        if lean < least:
+            best = (lean, False, g, c, m.group_to_node(S), R)
+    return best
 
 
 def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
-               time_limit: float = 60.0) -> tuple[int, bool]:
-    """Smallest feasible budget of a mode, in bytes, and whether the solver proved it minimal."""
+               time_limit: float = 60.0, device: str = "cpu", cost_fn=None) -> tuple[int, bool]:
+    """Smallest feasible budget of a mode, in bytes, and whether the solver proved it minimal.
+
+    For modes with implementation choices, the smaller of the joint ILP's answer and the
+    normal-mode answer on the memory-lean implementations (`lean_impls`).
+    """
     if mode == "none":
         return eager_peak(graph, costs), True
-    mem = memory_model(graph, costs)
-    least, proven, _, _ = solve_min_budget(graph, mem, mode, solver, time_limit,
-                                           peak_of=simulated_peak_fn(graph, costs, mem))
+    least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
     return least, proven
 
 
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
           solver: str = "CBC", time_limit: float = 60.0, info: dict | None = None,
-          verbose: bool = False) -> Solution:
+          verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None) -> Solution:
     """Solve at ``budget`` bytes, or at the smallest feasible budget when ``budget`` is None.
+
+    Args:
+        mode: "none", "normal" or MONeT's mode strings (`monet.impls.MODES`; "full" = all).
+        device: the device type the implementations are for ("cpu" or "cuda").
+        cost_fn: costs of variant graphs (`solver.choices.implementation_options`); default analytic.
 
     Raises:
         ValueError: unknown mode.
         InfeasibleBudgetError: the budget is below the smallest feasible one (named in the message).
     """
-    if mode not in SOLVE:
-        raise ValueError(f"unknown mode {mode!r}; available: {', '.join(MODES)} "
-                         "(operator implementations and in-place modes come in a later version)")
+    mode = MODES[-1] if mode == "full" else mode
+    mode_tokens(mode)  # validates
     if budget is None:
-        budget, _ = min_budget(graph, costs, mode, solver, time_limit)
-    return SOLVE[mode](graph, costs, int(budget), info, solver=solver, time_limit=time_limit, verbose=verbose)
+        budget, _ = min_budget(graph, costs, mode, solver, time_limit, device, cost_fn)
+    if mode == "none":
+        return solve_none(graph, costs, int(budget), info)
+    if mode == "normal":
+        return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit, verbose=verbose)
+    return solve_full(graph, costs, int(budget), info, mode=mode, solver=solver, time_limit=time_limit,
+                      verbose=verbose, device=device, cost_fn=cost_fn, progress=progress)

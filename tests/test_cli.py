@@ -106,7 +106,9 @@ def test_check_json(solved, capsys):
     assert CHECK_KEYS <= result.keys()
     assert result["peak_bytes"] <= result["budget_bytes"]
     assert result["max_grad_rel_diff"] <= 1e-5
-    assert result["grads_bitwise_equal"] is True  # recomputation only: bitwise on CPU
+    # bitwise on CPU when only recomputation is used; other kernels (conv algorithms, masks) round
+    # differently, within 1e-5 (checked above)
+    assert result["grads_bitwise_equal"] is (not load_solution(out).schedule.impl)
     assert result["peak_bytes"] < result["eager_measured_peak_bytes"]
     assert result["overhead"] is None  # not asked for
 
@@ -161,7 +163,7 @@ def test_missing_solution(workdir, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--budget", "6 parsecs"], "cannot read budget"),
-    (["--budget", "1GB", "--mode", "inplace_conv_multiway_newnode"], "not available yet"),
+    (["--budget", "1GB", "--mode", "inplace_fast"], "unknown mode 'inplace_fast'"),
     (["--budget", "1GB", "--gpu-spec", "k80"], "unknown device preset"),
 ])
 def test_bad_arguments(model_arg, workdir, capsys, args, message):

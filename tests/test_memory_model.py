@@ -83,3 +83,52 @@ def test_invalid_schedule_refused(case):
     nothing = Schedule(saved=(), stages=[Stage(backward=t) for t in range(len(graph.bwd))])
     with pytest.raises(ScheduleError, match="neither keeps nor recomputes"):
         emit_backward(graph, nothing)
+
+
+@pytest.fixture(scope="module")
+def full_case(case):
+    """The case's graph with every CPU implementation as an option (costs measured like the base's)."""
+    from monet.profiling.profiler import hybrid_cost_fn
+    from monet.solver.solve import full_model
+
+    model, x, graph, costs, _ = case
+    table = analytic_costs(graph)
+    table["workspace_bytes"] = costs.fwd_workspace.tolist() + costs.bwd_workspace.tolist()
+    options, mem = full_model(graph, costs, "full", "cpu", hybrid_cost_fn(model, x, graph, table))
+    return model, x, graph, costs, options, mem
+
+
+def test_ilp_memory_bounds_simulator_with_implementations(full_case):
+    """For random implementation choices M and random schedules, the joint model's peak (with M)
+    is >= the simulated peak of the graph with those implementations; with PyTorch's
+    implementations everywhere its forward expression is exact."""
+    from monet.solver.choices import chosen_graph, chosen_impls
+    from monet.solver.solve import memory_model
+
+    _, _, graph, costs, options, mem = full_case
+    assert options and mem.n_options == len(options)
+    allow_s = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "full").allow_s
+    rng = np.random.default_rng(3)
+    for trial in range(12):
+        M = np.zeros(mem.n_options)
+        for opts in mem.choices:
+            M[opts[0] if trial == 0 else rng.choice(opts)] = 1
+        g, c = chosen_graph(graph, costs, options, chosen_impls(options, M))
+        m = memory_model(g, c)
+        P = ilp._Problem(g, m, np.zeros(len(g.fwd)), "normal" if trial else "none")
+        keep = rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9) if trial else np.ones((P.T, P.G), dtype=bool)
+        S, R = repair(g, m, keep, P.allow_s)
+        S_nodes = m.group_to_node(S)
+        sched = schedule_from_matrices(g, S_nodes, R)
+        sched.impl = dict(g.impls)
+        fw, bw = build_modules(g, sched)
+        sim = simulate(g, fw, bw, c.fwd_workspace, c.bwd_workspace)
+        # the joint model's groups: those of kept nodes that exist under the chosen options
+        S_joint = mem.node_to_group(S_nodes) & allow_s & ((mem.group_option < 0) | (M[mem.group_option] > 0.5))
+        assert sim.peak_bytes <= mem.peak(S_joint, R, M) + 1, trial
+        if trial == 0:  # the base graph: the same values kept as the normal model keeps
+            S_exact = np.zeros_like(S_joint)
+            for v, grp in m.group_of.items():
+                S_exact[:, mem.group_of[v]] = S[:, grp]
+            assert sim.fwd_peak_bytes == mem.fwd_peak(S_exact[0], M)
+            assert sim.peak_bytes <= mem.peak(S_exact, R, M) + 1
