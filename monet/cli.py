@@ -510,14 +510,14 @@ def _cmd_check(args) -> int:
     def wrapped_model():
         return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
 
-    results = dict(peak_bytes=None, eager_measured_peak_bytes=None, max_grad_rel_diff=None,
+    results = dict(peak_bytes=None, eager_measured_peak_bytes=None, grad_rel_error=None,
                    grads_bitwise_equal=None, buffers_bitwise_equal=None, overhead=None,
                    median_time_s=None, eager_median_time_s=None)
     try:
         if want_diff:
             with _step("comparing gradients with plain PyTorch (one iteration, same weights and RNG)"):
                 diff, equal, bequal = chk.compare_gradients(lambda: copy.deepcopy(model), wrapped_model, x, g)
-            results.update(max_grad_rel_diff=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
+            results.update(grad_rel_error=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
         if want_bs or want_rt:
             wrapped, plain = wrapped_model(), copy.deepcopy(model)
         if want_bs:
@@ -537,7 +537,7 @@ def _cmd_check(args) -> int:
     if peak is not None and peak > budget:
         failures.append(f"measured peak {peak} bytes ({_size(peak)}) exceeds the budget {budget} bytes "
                         f"({_size(budget)})")
-    diff = results["max_grad_rel_diff"]
+    diff = results["grad_rel_error"]
     if diff is not None and not diff <= GRAD_TOLERANCE:
         failures.append(f"gradients differ from plain PyTorch by {diff:.3g} (relative), more than "
                         f"{GRAD_TOLERANCE:g}")
@@ -666,7 +666,7 @@ def _cmd_demo(args) -> int:
             # by position: the wrapper's parameter names carry a "model." prefix
             gw = {i: p.grad for i, p in enumerate(wrapped.parameters()) if p.grad is not None}
             gp = {i: p.grad for i, p in enumerate(plain.parameters()) if p.grad is not None}
-            grad_diff = max(grad_diff, chk.max_rel_diff(gw, gp))
+            grad_diff = max(grad_diff, chk.grad_rel_error(gw, gp))
             opt_w.step()
             opt_p.step()
             _log(f"  step {step + 1}: loss {losses_w[-1].item():.6f} (schedule), "

@@ -250,22 +250,28 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
     log(f"  plain: simulated {res.eager_sim / MiB:.1f} MiB, measured {res.plain_measured / MiB:.1f} MiB, "
         f"one iteration {one:.3f} s: {res.repeats} timed repeats per side")
 
-    # MONeT
-    targets: list[tuple[str, int | None]] = [(f"{p} %", parse_budget(f"{p}%", res.eager_sim)) for p in PERCENTS]
-    targets.append(("min budget", None))
-    for label, budget in targets:
-        row = Row(f"MONeT normal, {label}", budget=budget)
+    # MONeT, in each mode
+    from monet.profiling.profiler import hybrid_cost_fn
+
+    cost_fn = hybrid_cost_fn(model, x, graph, table)
+    targets: list[tuple[str, str, int | None]] = []
+    for mode in args.modes:
+        targets += [(mode, f"{p} %", parse_budget(f"{p}%", res.eager_sim)) for p in PERCENTS]
+        targets.append((mode, "min budget", None))
+    for mode, label, budget in targets:
+        mode_label = "full" if mode == "inplace_conv_multiway_newnode" else mode
+        row = Row(f"MONeT {mode_label}, {label}", budget=budget)
         res.rows.append(row)
         t0 = time.perf_counter()
         try:
             if budget is None:
                 log(f"  MONeT: smallest feasible budget (time limit {args.time_limit:.0f} s)")
-                budget, proven = min_budget(graph, costs, "normal", time_limit=args.time_limit)
+                budget, proven = min_budget(graph, costs, mode, time_limit=args.time_limit, cost_fn=cost_fn)
                 row.budget = budget
                 row.note = "min budget proven" if proven else "min budget not proven (time limit)"
                 log(f"  min budget {budget / MiB:.1f} MiB ({row.note}) in {time.perf_counter() - t0:.1f} s")
             log(f"  MONeT at {label}: solving for {budget / MiB:.1f} MiB")
-            sol = solve(graph, costs, budget, "normal", time_limit=args.time_limit, info=info)
+            sol = solve(graph, costs, budget, mode, time_limit=args.time_limit, info=info, cost_fn=cost_fn)
         except InfeasibleBudgetError as e:
             row.solve_s = time.perf_counter() - t0
             row.status = "infeasible"
@@ -289,6 +295,10 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
         rc = rc() if callable(rc) else rc
         if rc is not None:
             row.note = "; ".join(s for s in (row.note, f"{rc} recomputations") if s)
+        if sol.schedule.impl:
+            from collections import Counter
+            kinds = Counter(v.split(".")[0] for v in sol.schedule.impl.values())
+            row.note = "; ".join([row.note] + [", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))])
         log(f"  solved in {row.solve_s:.1f} s: {m.status}, predicted {m.predicted_peak_bytes / MiB:.1f} MiB, "
             f"gap {m.gap if m.gap is not None else float('nan'):.3%}")
         try:
@@ -543,6 +553,9 @@ def parse_args(argv=None):
     p.add_argument("--image-size", type=int, default=None, help="override the image side (image models)")
     p.add_argument("--seq-len", type=int, default=None, help="override the sequence length (gpt2-small)")
     p.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
+    p.add_argument("--modes", default="normal,inplace_conv_multiway_newnode",
+                   type=lambda t: [m for m in t.split(",") if m],
+                   help="ILP modes to benchmark, comma-separated (default: normal and the full mode)")
     p.add_argument("--repeats", type=int, default=5,
                    help="least timed iterations per side in `overhead`, more for short iterations (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up iterations before timing (default 1)")

@@ -1,4 +1,4 @@
-"""MONeT's integer linear program, recompute-or-store (``normal``) mode, in cvxpy.
+"""MONeT's integer linear program in cvxpy: recompute-or-store, with operator implementations.
 
 Variables (Shah et al., ICLR 2021, Sec. 4; rows are backward stages t = 0..T-1, columns forward
 nodes i = 0..N-1):
@@ -13,7 +13,14 @@ before it in the stage (``R[t, j] <= R[t, i] + S[t, i]`` for an edge i -> j); a 
 it was kept or recomputed in the previous stage (``S[t+1, i] <= S[t, i] + R[t, i]``); random ops are
 never recomputed; and the memory of the forward pass and of every stage fits the budget
 (`solver.memory_model`).  Objective: recomputation time (forward and backward times are constant
-in this mode).
+in ``normal`` mode).
+
+With implementation options (`solver.choices`; MONeT's ``conv``/``multiway``/``newnode`` modes)
+one-hot ``M[o]`` picks one option per choice, once per node (not per stage, as DESIGN.md asks);
+a stage's reads under option o hold only if ``M[o]`` (``R + S >= M[o]``); an option's own values are
+kept only under it (``S <= M[o]``); the memory rows gain ``fwd_opt @ M`` and ``bwd_opt @ M``; a
+choice node's recomputation workspace and time are linearised exactly with ``W >= ws_o (R + M[o] - 1)``
+and ``Q >= t_o (R + M[o] - 1)``; the objective adds each chosen option's forward and backward time.
 
 Only variables that can matter are created (DESIGN.md, "drop R[t,i] that can never be useful"):
 ``R[t, i]`` exists only if stage t could need node i (i is read by the stage or an ancestor of what it
@@ -350,7 +357,8 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     Args:
         recompute_s: (N,) seconds to recompute each forward node.
         budget: bytes; the ILP's memory expressions (an upper bound of the executor's) must fit.
-        mode: "normal" (recompute or store) or "none" (keep everything: plain PyTorch).
+        mode: "normal" (recompute or store), "none" (keep everything: plain PyTorch) or a mode
+            with implementation choices (``mem`` then carries the options).
         solver: "CBC" (default), "HIGHS" or "SCIP".
         time_limit: seconds; the best schedule found by then is returned with its gap.
         constant_s: forward + backward time added to the objective (seconds).
@@ -373,9 +381,16 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     status = problem.status
     solver_name = solver.upper()
     M = None
-    if P.integral():
+    integral = P.integral()
+    if integral:
         S, R = P.matrices()
         M = P.chosen_options()
+        # safety net: the ILP's memory bounds the simulator's (tested), but a schedule is only
+        # returned once the simulator agrees it fits
+        if peak_of is not None and (peak_of(S, R) if M is None else peak_of(S, R, M)) > budget:
+            integral, M = False, None
+    if integral:
+        pass
     elif mem.n_options:
         # the caller (solver.solve.solve_full) fixes the implementations and repairs
         frac = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
