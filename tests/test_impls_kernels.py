@@ -205,3 +205,27 @@ def test_fake_tensor_tracing():
         assert out.shape == (2, 8, 7, 6)
         gx, gw, gb = convolution_backward_native(out, x, t["cw"], [8], *args[3:], [True, True, True])
         assert gx.shape == x.shape and gw.shape == t["cw"].shape and gb.shape == (8,)
+
+
+@pytest.mark.parametrize("mask", [[True, True, True], [False, True, True], [True, False, False]])
+def test_convolution_backward_chunked_matches_aten(mask):
+    from monet.impls.conv import convolution_backward_chunked
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, 11, 9)
+    w = torch.randn(6, 4, 3, 3)
+    args = ([6], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, mask)
+    y = torch.ops.aten.convolution.default(x, w, torch.randn(6), [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+    g = torch.randn_like(y)
+    ref = torch.ops.aten.convolution_backward.default(g, x, w, *args)
+    got = convolution_backward_chunked(g, x, w, *args)
+    for a, b, on in zip(got, ref, mask):
+        if not on:
+            assert a is None and b is None
+        else:
+            assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() <= 1e-6
+    with FakeTensorMode() as mode:
+        fx, fw, fg = mode.from_tensor(x), mode.from_tensor(w), mode.from_tensor(g)
+        out = convolution_backward_chunked(fg, fx, fw, *args)
+        assert [None if t is None else tuple(t.shape) for t in out] == \
+               [None if t is None else tuple(t.shape) for t in ref]

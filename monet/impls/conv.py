@@ -74,6 +74,35 @@ def convolution_backward_no_cudnn(*args):
         return aten.convolution_backward.default(*args)
 
 
+def convolution_backward_chunked(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                                 output_padding, groups, output_mask):
+    """aten.convolution_backward over the two halves of the batch, one after the other.
+
+    The kernel's temporaries (im2col columns, oneDNN reorders) scale with the batch, so each half
+    needs about half the workspace; grad_input (x's shape) is written half by half into one
+    tensor, grad_weight and grad_bias ((C_out, C_in / groups, *k) and (C_out,)) are the sums of
+    the halves' (the same values up to summation order).  A batch of one runs unsplit.
+    """
+    n = x.shape[0]
+    if n < 2:
+        return aten.convolution_backward.default(grad, x, weight, bias_sizes, stride, padding, dilation,
+                                                 transposed, output_padding, groups, output_mask)
+    h = (n + 1) // 2
+    grad_input = x.new_empty(x.shape, dtype=grad.dtype) if output_mask[0] else None
+    grad_weight = grad_bias = None
+    for a, b in ((0, h), (h, n)):
+        gi, gw, gb = aten.convolution_backward.default(grad[a:b], x[a:b], weight, bias_sizes, stride, padding,
+                                                       dilation, transposed, output_padding, groups, output_mask)
+        if grad_input is not None:
+            grad_input[a:b].copy_(gi)
+        del gi
+        if gw is not None:
+            grad_weight = gw if grad_weight is None else grad_weight.add_(gw)
+        if gb is not None:
+            grad_bias = gb if grad_bias is None else grad_bias.add_(gb)
+    return grad_input, grad_weight, grad_bias
+
+
 # Non-default algorithms per device type: name -> (forward, backward).
 CONV_ALGORITHMS = {
     "cpu": {"native": (convolution_native, convolution_backward_native)},
@@ -97,6 +126,11 @@ def _retarget(fn):
         return True
     return rewrite
 
+
+convolution_backward_chunked._monet_aten = aten.convolution_backward.default
+register(Impl("conv_backward.chunked", "conv", "bwd", ("aten.convolution_backward.default",),
+              _retarget(convolution_backward_chunked),
+              stores="nothing (a backward node); about half the workspace, in two passes over the batch"))
 
 for _device, _algos in CONV_ALGORITHMS.items():
     for _name, (_fwd, _bwd) in _algos.items():
