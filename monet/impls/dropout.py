@@ -32,7 +32,7 @@ def dropout_bitmask_backward(grad: torch.Tensor, packed: torch.Tensor, scale: fl
 # ----------------------------------------------------------------------------------------------
 # implementation (graph rewrite), see monet.impls.registry
 # ----------------------------------------------------------------------------------------------
-from monet.impls.registry import Impl, getitem_users, register, replace, swap  # noqa: E402
+from monet.impls.registry import Impl, getitem_users, register, replace_stashing  # noqa: E402
 
 
 def _bitmask(graph, anchor) -> bool:
@@ -42,14 +42,8 @@ def _bitmask(graph, anchor) -> bool:
     bwds = [u for u in outs[1].users if u.target is aten.native_dropout_backward.default]
     if not bwds or len(bwds) != len(outs[1].users):
         return False
-    new_out, packed = replace(graph, anchor, dropout_bitmask_forward, anchor.args, n_outputs=2)
-    for b in bwds:
-        swap(graph, b, dropout_bitmask_backward, (b.args[0], packed, b.args[2]))
-    if 0 in outs:
-        outs[0].replace_all_uses_with(new_out)
-        graph.erase_node(outs[0])
-    graph.erase_node(outs[1])
-    graph.erase_node(anchor)
+    replace_stashing(graph, anchor, dropout_bitmask_forward, anchor.args, bwds, dropout_bitmask_backward,
+                     lambda b, packed: (b.args[0], packed, b.args[2]))
     return True
 
 

@@ -73,7 +73,7 @@ def maxpool2d_compact_backward(grad, offsets, input_shape, kernel_size, stride, 
 # ----------------------------------------------------------------------------------------------
 # implementation (graph rewrite), see monet.impls.registry
 # ----------------------------------------------------------------------------------------------
-from monet.impls.registry import Impl, getitem_users, register, replace, swap  # noqa: E402
+from monet.impls.registry import Impl, getitem_users, register, replace_stashing  # noqa: E402
 
 _aten = torch.ops.aten
 
@@ -89,15 +89,9 @@ def _compact(graph, anchor) -> bool:
         return False
     x = anchor.args[0]
     args = list(anchor.args) + [[], 0, 1, False][len(anchor.args) - 2:]
-    new_out, offsets = replace(graph, anchor, maxpool2d_compact_forward, args, n_outputs=2)
     shape = [int(d) for d in x.meta["val"].shape]
-    for b in bwds:
-        swap(graph, b, maxpool2d_compact_backward, (b.args[0], offsets, shape, *args[1:]))
-    if 0 in outs:
-        outs[0].replace_all_uses_with(new_out)
-        graph.erase_node(outs[0])
-    graph.erase_node(outs[1])
-    graph.erase_node(anchor)
+    replace_stashing(graph, anchor, maxpool2d_compact_forward, args, bwds, maxpool2d_compact_backward,
+                     lambda b, offsets: (b.args[0], offsets, shape, *args[1:]))
     return True
 
 

@@ -155,6 +155,21 @@ def users_with_op(node: fx.Node, op: str) -> list[fx.Node]:
     return found
 
 
+def replace_stashing(graph: fx.Graph, anchor: fx.Node, fn, args, bwds: list[fx.Node], bwd_fn, bwd_args) -> None:
+    """Replace a two-output op (its value, and what its backward reads: a mask, indices) by
+    ``fn(*args) -> (value, stash)``, and each backward node ``b`` in ``bwds`` by
+    ``bwd_fn(*bwd_args(b, stash))``; the old nodes are erased."""
+    outs = getitem_users(anchor)
+    new_out, stash = replace(graph, anchor, fn, args, n_outputs=2)
+    for b in bwds:
+        swap(graph, b, bwd_fn, bwd_args(b, stash))
+    if 0 in outs:
+        outs[0].replace_all_uses_with(new_out)
+        graph.erase_node(outs[0])
+    graph.erase_node(outs[1])
+    graph.erase_node(anchor)
+
+
 def unused():
     """What a backward node that a rewrite made useless computes: nothing (its id is kept)."""
     return None
