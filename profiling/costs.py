@@ -184,7 +184,8 @@ def node_flops(fx_node: fx.Node) -> int:
     Other ops (elementwise, normalisation, reductions) are not in the registry and count 0:
     their time is bandwidth-bound and comes from `node_bytes_moved`.
     """
-    target = fx_node.target
+    # an implementation's kernel (monet.impls.conv) names the ATen op it runs
+    target = getattr(fx_node.target, "_monet_aten", fx_node.target)
     packet = getattr(target, "overloadpacket", None)
     if packet is None or packet not in flop_registry:
         return 0

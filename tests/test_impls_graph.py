@@ -190,3 +190,14 @@ def test_apply_impls_refuses_what_does_not_fit(net):
     same = apply_impls(graph, {f"fwd:{conv.id}": "conv.native"})
     assert same.fingerprint == graph.fingerprint and len(same.fwd) == len(graph.fwd)
     assert same.fwd[conv.id].op == "monet.convolution_native"
+
+
+def test_analytic_costs_count_the_flops_of_wrapped_convolutions(net):
+    """A convolution run by another algorithm does the same FLOP: the analytic model must see them."""
+    _, _, graph, _ = net
+    vg, keys, _ = variant(graph, "conv.native")
+    base, var = analytic_costs(graph), analytic_costs(vg)
+    for k in keys:
+        i = int(k[4:])
+        row = lambda t: t[(t["kind"] == "fwd") & (t["node"] == i)].iloc[0]
+        assert row(var)["flops"] == row(base)["flops"] > 0
