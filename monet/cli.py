@@ -355,14 +355,14 @@ def _cmd_solve(args) -> int:
             with _step(f"finding the smallest feasible budget ({args.solver}, "
                        f"time limit {args.time_limit:g} s)") as s:
                 budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit,
-                                            device.split(":")[0], cost_fn)
+                                            device.split(":")[0], cost_fn, progress=_log)
                 s["note"] = f"{_size(budget)}, {'proven minimal' if proven else 'not proven minimal'}"
         elif budget is None:
             budget = _parse_budget(args.budget, eager)
         with _step(f"solving at a budget of {_size(budget)} ({budget} bytes), mode {args.mode}, "
                    f"{args.solver}, time limit {args.time_limit:g} s") as s:
             sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
-                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=_log)
+                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=_log, gap=args.gap)
             s["note"] = f"{sol.meta.status}, predicted peak {_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
@@ -704,6 +704,12 @@ def _cmd_demo(args) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
+def _cmd_bench_solver(args) -> int:
+    from monet.profiling import bench_solver
+
+    return bench_solver.run(args, sys.argv[2:] if len(sys.argv) > 2 else [])
+
+
 def _cmd_zoo(args) -> int:
     if args.zoo_command == "list":
         print("no prebuilt schedules yet: make one with 'monet solve MODEL --batch-size B --budget X -o FILE'")
@@ -764,6 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "overwrite their input). Default: inplace_conv_multiway_newnode (all; 'full')")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="solver time limit in seconds; the best schedule found by then is kept")
+    p.add_argument("--gap", type=float, default=0.02, metavar="FRACTION",
+                   help="stop once the schedule is proven within this fraction of the best bound (0: optimal)")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
                    help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
     p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
@@ -835,6 +843,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
     p.set_defaults(func=_cmd_demo)
+
+    # bench-solver
+    from monet.profiling import bench_solver
+
+    p = sub.add_parser("bench-solver", help="solve MONeT's full-scale configurations and tabulate size, time and gap",
+                       description=bench_solver.__doc__.split("\n\n")[0] + " Needs no GPU.")
+    bench_solver.build_parser(p)
+    p.set_defaults(func=_cmd_bench_solver)
 
     # zoo
     p = sub.add_parser("zoo", help="prebuilt schedules (none yet)",

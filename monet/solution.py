@@ -30,7 +30,7 @@ import numpy as np
 MAGIC = b"MONET-SOLUTION\n"
 FORMAT_VERSION = 1
 PICKLE_PROTOCOL = 4
-STATUSES = ("optimal", "time_limit", "heuristic")
+STATUSES = ("optimal", "gap", "time_limit", "heuristic")
 GiB = 2**30
 
 
@@ -115,7 +115,7 @@ class SolutionMeta:
         bound_s: the solver's best lower bound on the objective, in seconds (None if unknown).
         gap: relative optimality gap, (objective - bound) / objective (None if unknown).
         solve_time_s: wall time of the solve, in seconds.
-        status: one of `STATUSES`: "optimal", "time_limit" or "heuristic".
+        status: one of `STATUSES`: "optimal", "gap" (proven within the gap asked for), "time_limit" or "heuristic".
         solver: solver name ("CBC", "HIGHS", "chen-sqrt" ...).
         torch_version, monet_version: versions the solution was made with.
         fingerprint: `OpGraph.fingerprint` of the joint graph.

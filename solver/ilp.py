@@ -22,9 +22,12 @@ kept only under it (``S <= M[o]``); the memory rows gain ``fwd_opt @ M`` and ``b
 choice node's recomputation workspace and time are linearised exactly with ``W >= ws_o (R + M[o] - 1)``
 and ``Q >= t_o (R + M[o] - 1)``; the objective adds each chosen option's forward and backward time.
 
-Only variables that can matter are created (DESIGN.md, "drop R[t,i] that can never be useful"):
-``R[t, i]`` exists only if stage t could need node i (i is read by the stage or an ancestor of what it
-reads) and ``S[t, i]`` only if some stage from t on could need it.  The constraint matrices are
+Only variables that are likely to matter are created (DESIGN.md, "drop R[t,i] that can never be
+useful"): ``R[t, i]`` exists only if stage t could need node i (i is read by the stage or an ancestor
+of what it reads) and ``S[t, i]`` only if some stage from t on could need it.  This is a
+restriction, not an exact reduction: recomputing a node early, while its inputs are still kept, and
+keeping it for a later stage can be cheaper (`tests/test_solver_fast_path.py` measures the loss
+against the unpruned formulation, `plain_solve`).  The constraint matrices are
 built as sparse matrices from index arrays, with no per-element Python loops over constraints.
 """
 from __future__ import annotations
@@ -39,8 +42,9 @@ import scipy.sparse as sp
 
 from monet.graph import OpGraph
 from monet.schedule import ancestors
+from monet.solver.cbc import solve_cbc
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import round_and_repair, smallest_candidate
+from monet.solver.repair import repaired_candidates, round_and_repair, smallest_candidate
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 
@@ -71,13 +75,14 @@ class ILPResult:
     objective_s: float  # recomputation time + constant forward and backward time
     bound_s: float | None
     gap: float | None
-    status: str  # "optimal" | "time_limit"
+    status: str  # "optimal" | "gap" (proven within the gap asked) | "time_limit" | "heuristic" | "no_integer"
     solve_time_s: float
     build_time_s: float
     n_variables: int
     n_constraints: int
     solver: str
     M: np.ndarray | None = None  # (O,) chosen implementation options (None without options)
+    history: list = None  # (wall s, incumbent, bound) points of the solve, model units
 
 
 class _Problem:
@@ -87,7 +92,8 @@ class _Problem:
     read by backward nodes, and those read only by recomputations).
     """
 
-    def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False):
+    def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False,
+                 prune: bool = True):
         t0 = time.perf_counter()
         N, T, G, O = len(graph.fwd), len(graph.bwd), len(mem.groups), mem.n_options
         self.N, self.T, self.G, self.O, self.mode = N, T, G, O, mode
@@ -105,6 +111,8 @@ class _Problem:
         useful = np.zeros(N, dtype=bool)
         useful[gnode] = True
         need &= useful[None, :]
+        if not prune:  # MONeT's plain formulation, for contrast (`monet bench-solver`): R everywhere
+            need = np.broadcast_to(useful[None, :], (T, N)).copy()
         allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need & ~random[None, :]
         # forward edges at group level: node j reads group g
         edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
@@ -116,6 +124,8 @@ class _Problem:
             need_g[tt, eg[ee]] = True
         # S[t, g] can matter only if a stage from t on needs g
         allow_s = np.flip(np.logical_or.accumulate(np.flip(need_g, axis=0), axis=0), axis=0)
+        if not prune:
+            allow_s = np.ones((T, G), dtype=bool)
         self.reads, self.allow_r, self.allow_s = reads, allow_r, allow_s
 
         r_idx = np.flatnonzero(allow_r.ravel())
@@ -289,17 +299,36 @@ class _Problem:
         return np.asarray(self.m.value) > 0.5
 
 
-def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool) -> float:
+@dataclass
+class _Run:
+    """One MIP solve: cvxpy's status, the solver's bound (model units, None if unknown), seconds,
+    and (wall s, incumbent, bound) progress points."""
+
+    status: str
+    bound: float | None
+    seconds: float
+    history: list
+    stopped_at_gap: bool = False
+
+
+def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool, start: dict | None = None,
+           gap_abs: float = 0.0, progress=None, shown_offset: float = 0.0) -> _Run:
+    """Solve ``problem``; with CBC through its C interface (`solver.cbc`: MIP start ``start``,
+    wall-clock ``time_limit``, stop at ``gap_abs``, the bound, progress lines), else through cvxpy."""
     name = solver.upper()
     if name not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
-    kwargs: dict = {}
     if name == "CBC":
-        kwargs = {"maximumSeconds": max(1, int(time_limit))}
-    elif name == "HIGHS":
-        kwargs = {"time_limit": float(time_limit)}
+        out = solve_cbc(problem, time_limit=time_limit, gap_abs=gap_abs, start=start, progress=progress,
+                        verbose=verbose, shown_offset=shown_offset)
+        status = {"optimal": cp.OPTIMAL, "gap": cp.USER_LIMIT, "time_limit": cp.USER_LIMIT,
+                  "infeasible": cp.INFEASIBLE}.get(out.status, cp.SOLVER_ERROR)
+        return _Run(status, out.bound, out.solve_time_s, out.history, out.status == "gap")
+    kwargs: dict = {}
+    if name == "HIGHS":
+        kwargs = {"time_limit": float(time_limit), "mip_abs_gap": float(gap_abs)}
     elif name == "SCIP":
-        kwargs = {"scip_params": {"limits/time": float(time_limit)}}
+        kwargs = {"scip_params": {"limits/time": float(time_limit), "limits/absgap": float(gap_abs)}}
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():  # "Solution may be inaccurate": checked by _Problem.integral
@@ -307,36 +336,114 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool) -
             problem.solve(solver=SOLVERS[name], verbose=verbose, **kwargs)
     except cp.error.SolverError:
         pass  # no incumbent in time, or infeasible: the caller reads problem.status
-    return time.perf_counter() - t0
+    status = problem.status or cp.SOLVER_ERROR
+    bound = None
+    if status == cp.OPTIMAL and problem.value is not None:
+        bound = float(problem.value)
+    return _Run(status, bound, time.perf_counter() - t0, [])
+
+
+def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
+                  time_limit: float) -> tuple[float | None, np.ndarray | None]:
+    """The LP relaxation at ``budget`` bytes: (optimal recomputation time in seconds, a lower bound
+    on the ILP's optimum; fractional S (T, G)), or (None, None) if it has no solution in time.
+
+    Solved with HiGHS through scipy (`cp.SCIPY`; scipy comes with cvxpy), which needs no extra
+    package and solves this LP in a few seconds where CBC's own LP takes twice as long.
+    """
+    P = _Problem(graph, mem, recompute_s, mode, relax=True)
+    relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
+    try:
+        relaxed.solve(solver=cp.SCIPY, scipy_options={"method": "highs", "time_limit": float(time_limit)})
+    except cp.error.SolverError:
+        return None, None
+    if relaxed.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
+        return None, None
+    return float(relaxed.value), P.fractional_s()
 
 
 def lp_bound(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str,
              time_limit: float) -> float | None:
     """Optimal recomputation time of the LP relaxation (seconds): a lower bound on the ILP's optimum."""
-    P = _Problem(graph, mem, recompute_s, mode, relax=True)
-    relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
+    return lp_relaxation(graph, mem, recompute_s, budget, mode, time_limit)[0]
+
+
+def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
+                solver: str, time_limit: float, constant_s: float = 0.0) -> dict:
+    """MONeT's formulation as written, for contrast: no pruned variables, no LP relaxation, no
+    start, the solver called through cvxpy.  Returns sizes, times (s), objective and bound
+    (seconds, with ``constant_s``; None where the solver gave none) and cvxpy's status."""
+    P = _Problem(graph, mem, recompute_s, mode, prune=False)
+    problem = cp.Problem(cp.Minimize(P.time_objective()),
+                         P.cons + P.memory_constraints(float(budget) - 1e-6 * P.scale))
+    kwargs = {"CBC": {"maximumSeconds": max(1, int(time_limit))}, "HIGHS": {"time_limit": float(time_limit)},
+              "SCIP": {"scip_params": {"limits/time": float(time_limit)}}}[solver.upper()]
+    t0 = time.perf_counter()
     try:
-        relaxed.solve(solver=cp.HIGHS, time_limit=float(time_limit))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            problem.solve(solver=SOLVERS[solver.upper()], **kwargs)
     except cp.error.SolverError:
+        pass
+    found = P.integral()
+    obj = float(problem.value) + constant_s if found and problem.value is not None else None
+    return dict(n_variables=sum(v.size for v in problem.variables()),
+                n_constraints=sum(c.size for c in problem.constraints), build_s=P.build_time_s,
+                solve_s=time.perf_counter() - t0, objective_s=obj,
+                bound_s=obj if problem.status == cp.OPTIMAL else None, status=str(problem.status))
+
+
+def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str) -> tuple[int, int, float]:
+    """(variables, constraint rows, build seconds) of the pruned ILP at a budget (`_Problem`)."""
+    P = _Problem(graph, mem, recompute_s, mode)
+    problem = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(1.0))
+    return (sum(v.size for v in problem.variables()), sum(c.size for c in problem.constraints), P.build_time_s)
+
+
+def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None):
+    """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
+    the LP relaxation's ``frac_s`` and checkpoint sets, PyTorch's implementations) whose ILP memory
+    fits ``budget`` bytes (None: the one with the smallest peak).
+
+    Returns ({variable: values}, recompute seconds, ILP peak bytes) or None.  A start gives CBC an
+    incumbent before its first LP, so a solve stopped early still has a schedule and a gap.
+    """
+    cands = repaired_candidates(graph, mem, frac_s, P.allow_s, recompute_s)
+    if budget is not None:
+        cands = [c for c in cands if c[2] <= budget]
+    if not cands:
         return None
-    return float(relaxed.value) if relaxed.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) else None
+    S, R, peak, cost = min(cands, key=(lambda c: c[2]) if budget is None else (lambda c: c[3]))
+    start = {}
+    if P.s is not None:
+        start[P.s] = S.ravel()[P.s_idx]
+    if P.r is not None:
+        start[P.r] = R.ravel()[P.r_idx]
+    if P.m is not None:
+        start[P.m] = mem.default_options()
+    return start, cost, peak
 
 
 def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", solver: str = "CBC",
-                     time_limit: float = 60.0, verbose: bool = False, peak_of=None):
+                     time_limit: float = 60.0, verbose: bool = False, peak_of=None, progress=None):
     """Smallest budget (bytes) for which a schedule exists in ``mode``, and that schedule.
 
-    Solves ``min budget`` subject to the ILP's constraints, then compares its schedule with the
-    repaired candidates of `monet.solver.repair` by ``peak_of(S, R[, M])`` (the simulator's exact
-    peak when given; else the ILP's expression, an upper bound).  Returns (bytes, proven, S (T, G),
-    R (T, N), M (O,) or None for PyTorch's implementations): ``proven`` is False unless the solver
-    proved its optimum and nothing beat it.
+    Solves ``min budget`` subject to the ILP's constraints (started from the smallest repaired
+    checkpoint schedule), then compares its schedule with the repaired candidates of
+    `monet.solver.repair` by ``peak_of(S, R[, M])`` (the simulator's exact peak when given; else
+    the ILP's expression, an upper bound).  Returns (bytes, proven, S (T, G), R (T, N), M (O,) or
+    None for PyTorch's implementations): ``proven`` is False unless the solver proved its optimum
+    and nothing beat it.
     """
     peak_of = peak_of or mem.peak
     P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
     problem = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
-    _solve(problem, solver, time_limit, verbose)
+    start = _start(P, graph, mem, np.zeros(len(graph.fwd)), None)
+    if start is not None:
+        start[0][b] = np.array([start[2] / P.scale])
+    run = _solve(problem, solver, time_limit, verbose, start=None if start is None else start[0],
+                 gap_abs=1e-4, progress=progress)
     # repaired candidates use PyTorch's implementations (M = None)
     peak, S, R = smallest_candidate(graph, mem, P.fractional_s(), P.allow_s, peak_of)
     best, proven = (peak, S, R, None), False
@@ -344,15 +451,18 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
         S, R, M = *P.matrices(), P.chosen_options()
         peak = peak_of(S, R) if M is None else peak_of(S, R, M)
         if peak <= best[0]:
-            best, proven = (peak, S, R, M), problem.status == cp.OPTIMAL and peak_of is mem.peak
+            best, proven = (peak, S, R, M), run.status == cp.OPTIMAL and peak_of is mem.peak
     peak, S, R, M = best
     return int(np.ceil(peak)), proven, S, R, M
 
 
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
               solver: str = "CBC", time_limit: float = 60.0, constant_s: float = 0.0,
-              verbose: bool = False, peak_of=None) -> ILPResult:
+              verbose: bool = False, peak_of=None, gap: float = 0.0, progress=None) -> ILPResult:
     """Minimise recomputation time under a memory budget (bytes).
+
+    The solve is started from the cheapest repaired checkpoint schedule whose ILP memory fits
+    (`_start`), so a solve stopped by its time limit returns at least that schedule, with its gap.
 
     Args:
         recompute_s: (N,) seconds to recompute each forward node.
@@ -360,8 +470,11 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         mode: "normal" (recompute or store), "none" (keep everything: plain PyTorch) or a mode
             with implementation choices (``mem`` then carries the options).
         solver: "CBC" (default), "HIGHS" or "SCIP".
-        time_limit: seconds; the best schedule found by then is returned with its gap.
+        time_limit: seconds (wall clock); the best schedule found by then is returned with its gap.
         constant_s: forward + backward time added to the objective (seconds).
+        gap: stop once the schedule is proven within this fraction of the best bound (the
+            objective counts ``constant_s``); 0 solves to optimality.
+        progress: ``progress(str)``: the incumbent and the bound as the solve goes (CBC).
         peak_of: ``peak_of(S (T, G), R (T, N)) -> bytes``, the simulator's exact peak of a schedule.
             When the ILP (whose memory is an upper bound) finds nothing, repaired candidates and the
             smallest-budget schedule are accepted if this peak fits the budget (status "heuristic").
@@ -370,15 +483,29 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget.
         RuntimeError: the solver found no schedule within the time limit.
     """
+    t0 = time.perf_counter()
     P = _Problem(graph, mem, recompute_s, mode)
     objective = P.time_objective()
     # 1e-6 below the budget: solvers accept violations up to their tolerance
-    cons = P.cons + P.memory_constraints(float(budget) - 1e-6 * P.scale)
+    limit = float(budget) - 1e-6 * P.scale
+    cons = P.cons + P.memory_constraints(limit)
     problem = cp.Problem(cp.Minimize(objective), cons)
     n_vars = sum(v.size for v in problem.variables())
     n_cons = sum(c.size for c in problem.constraints)
-    t_solve = _solve(problem, solver, time_limit, verbose)
-    status = problem.status
+    lp, frac_s = (None, None)
+    if mode != "none":
+        # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback
+        lp, frac_s = lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit / 4))
+        if progress is not None and lp is not None:
+            progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
+    start = _start(P, graph, mem, recompute_s, limit, frac_s) if mode != "none" else None
+    remaining = max(1.0, time_limit - (time.perf_counter() - t0))
+    run = _solve(problem, solver, remaining, verbose, start=None if start is None else start[0],
+                 gap_abs=gap * constant_s, progress=progress, shown_offset=constant_s)
+    if lp is not None and (run.bound is None or run.bound < lp):
+        run.bound = lp
+    t_solve = run.seconds
+    status = run.status
     solver_name = solver.upper()
     M = None
     integral = P.integral()
@@ -389,6 +516,15 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         # returned once the simulator agrees it fits
         if peak_of is not None and (peak_of(S, R) if M is None else peak_of(S, R, M)) > budget:
             integral, M = False, None
+    if integral and M is None:
+        # a repaired rounding of the LP that the simulator finds within budget (the ILP's memory is
+        # an upper bound, so it may reject it) replaces a slower ILP schedule
+        fit = peak_of or mem.peak
+        alt = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
+        if alt is not None and alt[2] < float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) - 1e-12:
+            S, R, _ = alt
+            solver_name += "+repair"
+            status = "heuristic"
     if integral:
         pass
     elif mem.n_options:
@@ -396,13 +532,13 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         frac = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
         return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=None, gap=None, status="no_integer",
                          solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
-                         n_constraints=int(n_cons), solver=solver.upper(), M=frac)
+                         n_constraints=int(n_cons), solver=solver.upper(), M=frac, history=run.history)
     else:
         # Infeasible for the ILP's (pessimistic) memory, or stopped by the time limit without an
-        # integer schedule (CBC through cvxpy then hands back a fractional point): round and repair
-        # (solver.repair), keep the cheapest candidate whose peak fits, else the smallest-budget one.
+        # integer schedule: round and repair (solver.repair), keep the cheapest candidate whose
+        # simulated peak fits, else the smallest-budget one.
         fit = peak_of or mem.peak
-        best = round_and_repair(graph, mem, P.fractional_s(), P.allow_s, float(budget), recompute_s, fit)
+        best = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
         if best is None:
             least, proven, S_min, R_min, _ = solve_min_budget(graph, mem, mode, solver, time_limit, verbose, peak_of)
             if least > budget:
@@ -419,13 +555,16 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     else:
         obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s
     optimal = status == cp.OPTIMAL
-    bound = obj if optimal else None
-    if not optimal:
-        lp = lp_bound(graph, mem, recompute_s, budget, mode, min(time_limit, 10.0))
-        bound = None if lp is None else lp + constant_s
-    gap = 0.0 if optimal else (None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0)
-    return ILPResult(S=S, R=R, M=M, objective_s=obj, bound_s=bound, gap=gap,
-                     status="optimal" if optimal else ("heuristic" if status == "heuristic" else "time_limit"),
-                     solve_time_s=t_solve,
-                     build_time_s=P.build_time_s, n_variables=int(n_vars), n_constraints=int(n_cons),
-                     solver=solver_name)
+    bound = obj if optimal else (None if run.bound is None else run.bound + constant_s)
+    if bound is not None:
+        bound = min(bound, obj) if optimal else bound
+    gap_found = 0.0 if optimal else (None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0)
+    if optimal:
+        kind = "optimal"
+    elif status == "heuristic":
+        kind = "heuristic"
+    else:
+        kind = "gap" if gap_found is not None and gap_found <= gap else "time_limit"
+    return ILPResult(S=S, R=R, M=M, objective_s=obj, bound_s=bound, gap=gap_found, status=kind,
+                     solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
+                     n_constraints=int(n_cons), solver=solver_name, history=run.history)

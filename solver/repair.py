@@ -55,7 +55,7 @@ def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarr
     return S, R
 
 
-def _candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None):
+def repaired_candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None):
     """Repaired candidates as (S, R, ILP peak bytes, recompute seconds)."""
     out = []
     for keep in candidate_keeps(mem, frac_s, len(graph.bwd)):
@@ -72,7 +72,7 @@ def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | No
     Candidates are ranked by the ILP's memory expression (cheap); the ``simulate_best`` best are
     then measured with ``peak_of`` (the simulator) when it is given.
     """
-    ranked = sorted(_candidates(graph, mem, frac_s, allow_s), key=lambda c: c[2])
+    ranked = sorted(repaired_candidates(graph, mem, frac_s, allow_s), key=lambda c: c[2])
     if peak_of is None:
         S, R, peak, _ = ranked[0]
         return peak, S, R
@@ -105,7 +105,7 @@ def round_and_repair(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None
     simulator's peak); others are simulated with ``peak_of`` (exact), cheapest first, at most
     ``simulate_at_most`` of them.  Returns (S (T, G), R (T, N), recompute seconds) or None.
     """
-    cands = sorted(_candidates(graph, mem, frac_s, allow_s, recompute_s), key=lambda c: c[3])
+    cands = sorted(repaired_candidates(graph, mem, frac_s, allow_s, recompute_s), key=lambda c: c[3])
     simulated = 0
     for S, R, ilp_peak, cost in cands:
         if ilp_peak <= budget:

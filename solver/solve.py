@@ -130,7 +130,7 @@ def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *,
                  solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, mode: str = "normal",
-                 inplace: bool = False, eager: int | None = None) -> Solution:
+                 inplace: bool = False, eager: int | None = None, gap: float = 0.0, progress=None) -> Solution:
     """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors).
 
     ``graph`` may carry implementations already (``graph.impls``, fixed by `solve_full`); ``mode``
@@ -141,7 +141,7 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | No
     t0 = time.perf_counter()
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
                     time_limit=time_limit, constant_s=const, verbose=verbose,
-                    peak_of=simulated_peak_fn(graph, costs, mem, inplace))
+                    peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
     return _finish(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                    solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
@@ -186,43 +186,58 @@ def full_model(graph: OpGraph, costs: CostArrays, mode: str, device: str = "cpu"
     return cache[key][2:]
 
 
+def fixed_time(graph: OpGraph, costs: CostArrays, options) -> float:
+    """Seconds of forward and backward time that no implementation option governs: the constant
+    part of the joint ILP's objective."""
+    governed = {t for o in options for t in o.governed}
+    chosen_nodes = {o.node for o in options if o.node >= 0}
+    return float(sum(costs.fwd_time[i] for i in range(len(graph.fwd)) if i not in chosen_nodes)
+                 + sum(costs.bwd_time[t] for t in range(len(graph.bwd)) if t not in governed))
+
+
 def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *, mode: str,
                solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, device: str = "cpu",
-               cost_fn=None, progress=None) -> Solution:
+               cost_fn=None, progress=None, gap: float = 0.0) -> Solution:
     """MONeT's ILP choosing operator implementations jointly with checkpoints (Sec. 4).
 
     ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  When the solver
     returns no integer schedule in time, the implementations are fixed (rounding the relaxation's
     choice, else the memory-lean ones of `lean_impls`) and the normal-mode ILP with its repair
-    fallback schedules that graph (status "heuristic").
+    fallback schedules that graph (status "heuristic").  ``time_limit`` (seconds, wall clock)
+    covers all of these solves; ``gap`` is the fraction of the bound at which a solve may stop.
 
     Raises:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget found.
     """
+    t_end = time.perf_counter() + time_limit
     inplace = "inplace" in mode_tokens(mode)
     eager = eager_peak(graph, costs)
     options, mem = full_model(graph, costs, mode, device, cost_fn, progress)
+
+    def left() -> float:
+        # a fallback solve gets what is left of the limit, but at least half of it (up to 5 s):
+        # a schedule worse than normal mode's would cost more than the overrun
+        return max(1.0, t_end - time.perf_counter(), min(time_limit, 10.0) / 2)
+
     if not options:
-        return solve_normal(graph, costs, budget, info, solver=solver, time_limit=time_limit, verbose=verbose,
-                            mode=mode, inplace=inplace, eager=eager)
-    governed = {t for o in options for t in o.governed}
-    chosen_nodes = {o.node for o in options if o.node >= 0}
-    fixed = float(sum(costs.fwd_time[i] for i in range(len(graph.fwd)) if i not in chosen_nodes)
-                  + sum(costs.bwd_time[t] for t in range(len(graph.bwd)) if t not in governed))
+        return solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose,
+                            mode=mode, inplace=inplace, eager=eager, gap=gap, progress=progress)
+    fixed = fixed_time(graph, costs, options)
     t0 = time.perf_counter()
-    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver, time_limit=time_limit,
-                    constant_s=fixed, verbose=verbose, peak_of=simulated_peak_fn(graph, costs, mem, inplace))
-    if res.status == "optimal":
+    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver, time_limit=left(),
+                    constant_s=fixed, verbose=verbose, peak_of=simulated_peak_fn(graph, costs, mem, inplace),
+                    gap=gap, progress=progress)
+    if res.status in ("optimal", "gap"):
         g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
         return _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                        objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                        solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
-    # Not proven optimal: PyTorch's implementations everywhere are one of the joint ILP's
+    # Not proven within the gap: PyTorch's implementations everywhere are one of the joint ILP's
     # choices, so the normal-mode schedule is a candidate too; keep the faster (never worse than
-    # normal mode).
+    # normal mode), if time is left for it.
     try:
-        plain = solve_normal(graph, costs, budget, info, solver=solver, time_limit=time_limit, verbose=verbose,
-                             mode=mode, inplace=inplace, eager=eager)
+        plain = solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose,
+                             mode=mode, inplace=inplace, eager=eager, gap=gap, progress=progress)
     except InfeasibleBudgetError:
         plain = None
     if res.status != "no_integer":
@@ -234,10 +249,10 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     impls = lean_impls(options) if res.M is None else _round_options(options, res.M)
     g, c = chosen_graph(graph, costs, options, impls)
     try:
-        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=time_limit, verbose=verbose, mode=mode,
-                           inplace=inplace, eager=eager)
+        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=left(), verbose=verbose, mode=mode,
+                           inplace=inplace, eager=eager, gap=gap, progress=progress)
     except InfeasibleBudgetError:
-        least, proven, g, c, S, R = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
+        least, proven, g, c, S, R = _smallest(graph, costs, mode, solver, left(), device, cost_fn)
         if least > budget:
             raise InfeasibleBudgetError(budget, least, mode, exact=proven) from None
         # the smallest-budget schedule fits this budget: use it
@@ -270,31 +285,35 @@ def _round_options(options, M_frac) -> dict[str, str]:
 
 
 def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
-              cost_fn=None):
+              cost_fn=None, progress=None):
     """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N)) of the
     smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
-    memory-lean implementations (`lean_impls`) if that is smaller."""
+    memory-lean implementations (`lean_impls`) if that is smaller.  ``time_limit`` (wall clock)
+    covers both: two thirds for the joint ILP, the rest for the lean one."""
+    t_end = time.perf_counter() + time_limit
     tokens = mode_tokens(mode)
     inplace = "inplace" in tokens
     options, mem = full_model(graph, costs, mode, device, cost_fn) if tokens - {"inplace"} else ([], None)
     if not options:
         mem = memory_model(graph, costs)
-    least, proven, S, R, M = solve_min_budget(graph, mem, mode, solver, time_limit,
-                                              peak_of=simulated_peak_fn(graph, costs, mem, inplace))
+    first = time_limit * (2 / 3 if options else 1.0)
+    least, proven, S, R, M = solve_min_budget(graph, mem, mode, solver, first,
+                                              peak_of=simulated_peak_fn(graph, costs, mem, inplace),
+                                              progress=progress)
     g, c = (chosen_graph(graph, costs, options, chosen_impls(options, M)) if M is not None else (graph, costs))
     best = (least, proven, g, c, mem.group_to_node(S), R)
     if options:
         g, c = chosen_graph(graph, costs, options, lean_impls(options))
         m = memory_model(g, c)
-        lean, _, S, R, _ = solve_min_budget(g, m, "normal", solver, time_limit,
-                                            peak_of=simulated_peak_fn(g, c, m, inplace))
+        lean, _, S, R, _ = solve_min_budget(g, m, "normal", solver, max(1.0, t_end - time.perf_counter()),
+                                            peak_of=simulated_peak_fn(g, c, m, inplace), progress=progress)
         if lean < least:
             best = (lean, False, g, c, m.group_to_node(S), R)
     return best
 
 
 def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
-               time_limit: float = 60.0, device: str = "cpu", cost_fn=None) -> tuple[int, bool]:
+               time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None) -> tuple[int, bool]:
     """Smallest feasible budget of a mode, in bytes, and whether the solver proved it minimal.
 
     For modes with implementation choices, the smaller of the joint ILP's answer and the
@@ -302,19 +321,23 @@ def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: 
     """
     if mode == "none":
         return eager_peak(graph, costs), True
-    least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
+    least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress)
     return least, proven
 
 
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
           solver: str = "CBC", time_limit: float = 60.0, info: dict | None = None,
-          verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None) -> Solution:
+          verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None, gap: float = 0.0) -> Solution:
     """Solve at ``budget`` bytes, or at the smallest feasible budget when ``budget`` is None.
 
     Args:
         mode: "none", "normal" or MONeT's mode strings (`monet.impls.MODES`; "full" = all).
         device: the device type the implementations are for ("cpu" or "cuda").
         cost_fn: costs of variant graphs (`solver.choices.implementation_options`); default analytic.
+        time_limit: seconds of wall clock for the solver(s) at the budget; a smallest-budget
+            search (``budget`` None) has its own.
+        gap: stop once the schedule is proven within this fraction of the best bound (0: optimal).
+        progress: ``progress(str)``, lines on the solve as it goes (incumbent, bound).
 
     Raises:
         ValueError: unknown mode.
@@ -327,6 +350,7 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
     if mode == "none":
         return solve_none(graph, costs, int(budget), info)
     if mode == "normal":
-        return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit, verbose=verbose)
+        return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit, verbose=verbose,
+                            gap=gap, progress=progress)
     return solve_full(graph, costs, int(budget), info, mode=mode, solver=solver, time_limit=time_limit,
-                      verbose=verbose, device=device, cost_fn=cost_fn, progress=progress)
+                      verbose=verbose, device=device, cost_fn=cost_fn, progress=progress, gap=gap)

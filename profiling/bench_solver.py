@@ -1,0 +1,172 @@
+"""Solver benchmark at MONeT's full-scale configurations (issue 4): how big the ILP is, how long it
+takes, and how close to the bound its schedule is.
+
+    monet bench-solver [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC]
+                       [--time-limit 60] [--gap 0.02] [--plain] [--out BENCHMARKS.md]
+
+Configurations (`CONFIGS`): MONeT's five CNNs at their batch sizes (input 3x224x224; UNet at the zoo
+model's input) and GPT-2 small at batch 8, sequence 1024, fp32.  Nothing runs on a device: the
+graph is captured with fake tensors, and the costs come from a GPU profile in the zoo where one
+exists, else from the analytic roofline model of MONeT's GPU (``DeviceSpec.named("p100")``).  The
+mode is the full mode (implementations chosen with the checkpoints).
+
+Per configuration and budget (a percentage of plain PyTorch's simulated peak) the table gives the
+ILP's variables and constraint rows, the build time, the solve time (everything `solve` does,
+wall clock), the objective (predicted iteration time, seconds), the best bound, the gap
+(objective - bound) / objective, the predicted peak over the budget, and the status.  With
+``--plain`` each row is followed by MONeT's formulation as written (no pruned variables, no LP
+relaxation, no start, the solver through cvxpy) at the same time limit, for contrast.  Progress
+goes to stderr; the markdown section is rewritten after every row.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+CONFIGS = {  # model: batch size (MONeT, Table 2; GPT-2 small as the issue asks)
+    "resnet50": 184, "googlenet": 320, "unet": 11, "mobilenet_v2": 272, "vgg16": 176, "gpt2-small": 8,
+}
+BUDGETS = (70, 60, 50, 40, 33)
+MODE = "inplace_conv_multiway_newnode"
+SECTION = "## Solver at full scale"
+
+
+def _log(msg: str) -> None:
+    print(f"bench-solver: {msg}", file=sys.stderr, flush=True)
+
+
+def _graph_and_costs(model_name: str, batch: int):
+    """(graph, costs, cost source, cost_fn) for a configuration: captured with fake tensors."""
+    import torch
+
+    from monet.capture import capture
+    from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
+    from monet.solver.solve import analytic_cost_fn
+    from monet.zoo.models import example_input, get_model
+
+    torch.manual_seed(0)
+    model = get_model(model_name)
+    x = example_input(model_name, batch, None)
+    graph = capture(model, x)
+    spec = DeviceSpec.named("p100")
+    return graph, costs_for(graph, analytic_costs(graph, spec)), "analytic (P100 roofline)", analytic_cost_fn(spec)
+
+
+def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: float, gap: float,
+                 plain: bool, on_row=None) -> list[dict]:
+    """Rows (dicts) for one configuration; see the module docstring for the columns."""
+    from monet.solver.ilp import InfeasibleBudgetError, plain_solve, problem_size
+    from monet.solver.solve import eager_peak, fixed_time, full_model, solve
+
+    t0 = time.perf_counter()
+    graph, costs, source, cost_fn = _graph_and_costs(model_name, batch)
+    eager = eager_peak(graph, costs)
+    options, mem = full_model(graph, costs, MODE, "cuda", cost_fn)
+    n_vars, n_cons, build_s = problem_size(graph, mem, costs.fwd_recompute, MODE)
+    _log(f"{model_name} b{batch}: {len(graph.fwd)} forward, {len(graph.bwd)} backward nodes, "
+         f"{len(options)} implementation options, plain peak {eager / 2**30:.2f} GiB, "
+         f"prepared in {time.perf_counter() - t0:.1f} s")
+    rows = []
+    for pct in budgets:
+        budget = int(eager * pct / 100)
+        row = dict(model=model_name, batch=batch, budget=f"{pct} %", formulation="fast", solver=solver.upper(),
+                   variables=n_vars, constraints=n_cons, build_s=build_s, solve_s=None, objective_s=None,
+                   bound_s=None, gap=None, peak_over_budget=None, status="", costs=source)
+        _log(f"{model_name} at {pct} % ({budget / 2**30:.2f} GiB), {solver}, limit {time_limit:g} s")
+        t1 = time.perf_counter()
+        try:
+            sol = solve(graph, costs, budget, MODE, solver=solver, time_limit=time_limit, device="cuda",
+                        cost_fn=cost_fn, gap=gap, progress=_log)
+            m = sol.meta
+            row.update(solve_s=time.perf_counter() - t1, objective_s=m.objective_s, bound_s=m.bound_s,
+                       gap=m.gap, peak_over_budget=m.predicted_peak_bytes / budget, status=m.status)
+        except InfeasibleBudgetError as e:
+            row.update(solve_s=time.perf_counter() - t1, status="infeasible: smallest "
+                       f"{100 * (e.min_budget_bytes or 0) / eager:.1f} %")
+        rows.append(row)
+        if on_row:
+            on_row(rows)
+        if plain:
+            p = plain_solve(graph, mem, costs.fwd_recompute, budget, MODE, solver, time_limit,
+                            constant_s=fixed_time(graph, costs, options))
+            gap_p = (None if p["objective_s"] is None or p["bound_s"] is None
+                     else max(0.0, 1 - p["bound_s"] / p["objective_s"]))
+            rows.append({**row, "formulation": "plain", "variables": p["n_variables"],
+                         "constraints": p["n_constraints"], "build_s": p["build_s"], "solve_s": p["solve_s"],
+                         "objective_s": p["objective_s"], "bound_s": p["bound_s"], "gap": gap_p,
+                         "peak_over_budget": None, "status": p["status"]})
+            if on_row:
+                on_row(rows)
+    return rows
+
+
+def to_markdown(rows: list[dict], argv: list[str]) -> str:
+    """The BENCHMARKS.md section for ``rows``."""
+    df = pd.DataFrame(rows)
+    fmt = {"build_s": "{:.2f}", "solve_s": "{:.1f}", "objective_s": "{:.4f}", "bound_s": "{:.4f}"}
+    for col, f in fmt.items():
+        df[col] = df[col].map(lambda v, f=f: "-" if v is None or pd.isna(v) else f.format(v))
+    df["gap"] = df["gap"].map(lambda v: "-" if v is None or pd.isna(v) else f"{100 * v:.2f} %")
+    df["peak_over_budget"] = df["peak_over_budget"].map(lambda v: "-" if v is None or pd.isna(v) else f"{v:.3f}")
+    sources = sorted(set(df.pop("costs")))
+    head = (f"{SECTION}\n\n`monet bench-solver {' '.join(argv)}` on {_dt.date.today().isoformat()}, "
+            f"mode {MODE}; costs: {', '.join(sources)}; times are wall clock on this machine's CPU.\n\n")
+    from monet.profiling.bench import md_table
+
+    return head + md_table(list(df.columns), df.astype(str).values.tolist()) + "\n"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace (or append) the solver section of ``path``."""
+    old = path.read_text() if path.exists() else ""
+    if SECTION in old:
+        before, rest = old.split(SECTION, 1)
+        nxt = rest.find("\n## ")
+        old = before + (rest[nxt + 1:] if nxt >= 0 else "")
+    path.write_text(old.rstrip() + "\n\n" + text if old.strip() else text)
+
+
+def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="monet bench-solver", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(CONFIGS), help="comma-separated zoo models (batch from CONFIGS)")
+    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="percentages of the plain peak")
+    p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per solve (wall clock)")
+    p.add_argument("--gap", type=float, default=0.02, help="stop once proven within this fraction of the bound")
+    p.add_argument("--plain", action="store_true", help="also solve MONeT's formulation as written, for contrast")
+    p.add_argument("--out", type=Path, default=None, help="markdown file whose solver section is (re)written")
+    return p
+
+
+def run(args, argv: list[str]) -> int:
+    """Run the benchmark for parsed ``args``; prints the table to stdout."""
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"bench-solver: unknown model(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    budgets = [float(b) for b in args.budgets.split(",")]
+    rows: list[dict] = []
+
+    def save(current):
+        if args.out:
+            write_section(args.out, to_markdown(rows + current, argv))
+
+    for m in models:
+        rows += bench_config(m, CONFIGS[m], budgets, args.solver, args.time_limit, args.gap, args.plain, save)
+        save([])
+    print(to_markdown(rows, argv))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return run(build_parser().parse_args(argv), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The solver's fast path (pruned ILP, LP relaxation, MIP start, CBC through its C interface) against
+MONeT's formulation as written (`ilp.plain_solve`: no pruning, no start, CBC through cvxpy), both
+solved to optimality on small graphs, in normal and in full mode."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from monet.capture import capture
+from monet.profiling.costs import analytic_costs, costs_for
+from monet.solver import ilp
+from monet.solver.cbc import solve_cbc
+from monet.solver.solve import (analytic_cost_fn, eager_peak, fixed_time, full_model, memory_model,
+                                simulated_peak_fn, solve)
+from monet.zoo.models import get_model
+from usernet import UserNet
+
+FULL = "inplace_conv_multiway_newnode"
+
+
+@pytest.fixture(scope="module", params=["user", "resnet"])
+def case(request):
+    torch.manual_seed(0)
+    if request.param == "user":
+        model, x = UserNet(), torch.randn(4, 3, 16, 16)
+    else:
+        model, x = get_model("resnet50", base_width=4, layers=(1, 1, 0, 0), num_classes=10), torch.randn(4, 3, 32, 32)
+    graph = capture(model, x)
+    costs = costs_for(graph, analytic_costs(graph))
+    return graph, costs, eager_peak(graph, costs)
+
+
+@pytest.mark.parametrize("frac", [0.85, 0.7])
+def test_fast_path_matches_plain_ilp_in_normal_mode(case, frac):
+    graph, costs, eager = case
+    mem = memory_model(graph, costs)
+    budget = int(frac * eager)
+    const = float(costs.fwd_time.sum() + costs.bwd_time.sum())
+    plain = ilp.plain_solve(graph, mem, costs.fwd_recompute, budget, "normal", "CBC", 120, constant_s=const)
+    if plain["status"] != "optimal":
+        pytest.skip(f"no ILP schedule at {frac:.0%} of the plain peak ({plain['status']})")
+    try:
+        fast = ilp.solve_ilp(graph, mem, costs.fwd_recompute, budget, "normal", solver="CBC", time_limit=120,
+                             constant_s=const, peak_of=simulated_peak_fn(graph, costs, mem))
+    except ilp.InfeasibleBudgetError:
+        # Known defect, measured here: on the small ResNet at 70 % the pruned ILP has no schedule
+        # where the unpruned one has (see the module docstring of solver/ilp.py).
+        pytest.xfail("the pruned ILP refuses a budget the unpruned formulation solves")
+    assert plain["n_variables"] > ilp.problem_size(graph, mem, costs.fwd_recompute, "normal")[0]
+    # The pruned ILP allows R[t, i] only for ancestors of what stage t reads: a restriction, not an
+    # exact reduction (recomputing early, while the inputs are still kept, can be cheaper).  On
+    # UserNet at 85 % it cost 0.3 % of the iteration time; the test bounds the loss at 1 %.
+    assert fast.objective_s <= plain["objective_s"] * 1.01
+    # every returned schedule fits in the simulator
+    assert simulated_peak_fn(graph, costs, mem)(mem.node_to_group(fast.S), fast.R) <= budget
+
+
+def test_fast_path_matches_plain_ilp_in_full_mode(case):
+    graph, costs, eager = case
+    options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
+    budget = int(0.8 * eager)
+    fixed = fixed_time(graph, costs, options)
+    plain = ilp.plain_solve(graph, mem, costs.fwd_recompute, budget, FULL, "CBC", 120, constant_s=fixed)
+    fast = ilp.solve_ilp(graph, mem, costs.fwd_recompute, budget, FULL, solver="CBC", time_limit=120,
+                         constant_s=fixed, peak_of=simulated_peak_fn(graph, costs, mem))
+    if plain["status"] != "optimal" or fast.status != "optimal":
+        pytest.skip("not solved to optimality on this machine in time")
+    assert fast.objective_s <= plain["objective_s"] * 1.01  # see the normal-mode test
+
+
+@pytest.mark.parametrize("frac", [0.9, 0.75, 0.6])
+def test_every_schedule_fits_its_budget_and_reports_a_gap(case, frac):
+    graph, costs, eager = case
+    try:
+        sol = solve(graph, costs, int(frac * eager), FULL, solver="CBC", time_limit=20, gap=0.02)
+    except ilp.InfeasibleBudgetError as e:  # a refusal names a larger smallest budget
+        assert e.min_budget_bytes > int(frac * eager)
+        return
+    assert sol.meta.predicted_peak_bytes <= int(frac * eager)
+    assert sol.meta.status in ("optimal", "gap", "time_limit", "heuristic")
+    if sol.meta.status in ("optimal", "gap"):
+        assert sol.meta.gap is not None and sol.meta.gap <= 0.02 + 1e-9
+        assert sol.meta.bound_s <= sol.meta.objective_s * (1 + 1e-9)
+
+
+def test_cbc_driver_uses_the_start_and_reports_bound_and_progress():
+    import cvxpy as cp
+
+    x = cp.Variable(6, boolean=True)
+    w = np.array([3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    problem = cp.Problem(cp.Minimize(-w @ x), [w @ x <= 15, x[0] + x[1] <= 1])
+    lines = []
+    out = solve_cbc(problem, time_limit=10, start={x: np.array([1, 0, 0, 0, 0, 1.0])}, progress=lines.append)
+    assert out.status == "optimal"
+    assert out.objective == pytest.approx(-15.0) and out.bound == pytest.approx(-15.0)
+    assert np.isclose(w @ np.round(x.value), 15.0) and np.round(x.value[:2]).sum() <= 1
+    assert lines and "incumbent" in lines[-1]
+    infeasible = cp.Problem(cp.Minimize(cp.sum(x)), [cp.sum(x) >= 7])
+    assert solve_cbc(infeasible, time_limit=10).status in ("infeasible", "no_integer")
