@@ -246,8 +246,7 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
         if objective is not None and kind == "optimal":
             bound = objective if bound is None else min(bound, objective)
         report(objective, bound)
-        add = offset
-        return MilpOutcome(status=kind, objective=None if objective is None else objective + add,
-                           bound=None if bound is None else bound + add, solve_time_s=elapsed, history=history)
+        return MilpOutcome(status=kind, objective=None if objective is None else objective + offset,
+                           bound=None if bound is None else bound + offset, solve_time_s=elapsed, history=history)
     finally:
         lib.Cbc_deleteModel(model)

@@ -312,20 +312,23 @@ class _Run:
 
 
 def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool, start: dict | None = None,
-           gap_abs: float = 0.0, progress=None, shown_offset: float = 0.0) -> _Run:
+           gap_abs: float = 0.0, progress=None, shown_offset: float = 0.0, through_cvxpy: bool = False) -> _Run:
     """Solve ``problem``; with CBC through its C interface (`solver.cbc`: MIP start ``start``,
-    wall-clock ``time_limit``, stop at ``gap_abs``, the bound, progress lines), else through cvxpy."""
+    wall-clock ``time_limit``, stop at ``gap_abs``, the bound, progress lines), else (or with
+    ``through_cvxpy``, for MONeT's formulation as written) through cvxpy's own solver calls."""
     name = solver.upper()
     if name not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
-    if name == "CBC":
+    if name == "CBC" and not through_cvxpy:
         out = solve_cbc(problem, time_limit=time_limit, gap_abs=gap_abs, start=start, progress=progress,
                         verbose=verbose, shown_offset=shown_offset)
         status = {"optimal": cp.OPTIMAL, "gap": cp.USER_LIMIT, "time_limit": cp.USER_LIMIT,
                   "infeasible": cp.INFEASIBLE}.get(out.status, cp.SOLVER_ERROR)
         return _Run(status, out.bound, out.solve_time_s, out.history, out.status == "gap")
     kwargs: dict = {}
-    if name == "HIGHS":
+    if name == "CBC":
+        kwargs = {"maximumSeconds": max(1, int(time_limit))}  # CPU seconds, overrun by root cuts
+    elif name == "HIGHS":
         kwargs = {"time_limit": float(time_limit), "mip_abs_gap": float(gap_abs)}
     elif name == "SCIP":
         kwargs = {"scip_params": {"limits/time": float(time_limit), "limits/absgap": float(gap_abs)}}
@@ -362,12 +365,6 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
     return float(relaxed.value), P.fractional_s()
 
 
-def lp_bound(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str,
-             time_limit: float) -> float | None:
-    """Optimal recomputation time of the LP relaxation (seconds): a lower bound on the ILP's optimum."""
-    return lp_relaxation(graph, mem, recompute_s, budget, mode, time_limit)[0]
-
-
 def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
                 solver: str, time_limit: float, constant_s: float = 0.0) -> dict:
     """MONeT's formulation as written, for contrast: no pruned variables, no LP relaxation, no
@@ -376,21 +373,13 @@ def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budge
     P = _Problem(graph, mem, recompute_s, mode, prune=False)
     problem = cp.Problem(cp.Minimize(P.time_objective()),
                          P.cons + P.memory_constraints(float(budget) - 1e-6 * P.scale))
-    kwargs = {"CBC": {"maximumSeconds": max(1, int(time_limit))}, "HIGHS": {"time_limit": float(time_limit)},
-              "SCIP": {"scip_params": {"limits/time": float(time_limit)}}}[solver.upper()]
-    t0 = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            problem.solve(solver=SOLVERS[solver.upper()], **kwargs)
-    except cp.error.SolverError:
-        pass
+    run = _solve(problem, solver, time_limit, False, through_cvxpy=True)
     found = P.integral()
     obj = float(problem.value) + constant_s if found and problem.value is not None else None
     return dict(n_variables=sum(v.size for v in problem.variables()),
                 n_constraints=sum(c.size for c in problem.constraints), build_s=P.build_time_s,
-                solve_s=time.perf_counter() - t0, objective_s=obj,
-                bound_s=obj if problem.status == cp.OPTIMAL else None, status=str(problem.status))
+                solve_s=run.seconds, objective_s=obj,
+                bound_s=obj if run.status == cp.OPTIMAL else None, status=str(run.status))
 
 
 def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str) -> tuple[int, int, float]:
