@@ -484,7 +484,10 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     lp, frac_s = (None, None)
     if mode != "none":
         # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback
-        lp, frac_s = lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit / 4))
+        # (at least 10 s: without it the repair starts from k-th checkpoints, which gave schedules
+        # 6x slower than plain PyTorch where the LP's rounding gave +5 %; it takes 2-3 s on
+        # ResNet-50, but a 3 s limit was missed when the machine was busy)
+        lp, frac_s = lp_relaxation(graph, mem, recompute_s, limit, mode, max(10.0, time_limit / 4))
         if progress is not None and lp is not None:
             progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
     start = _start(P, graph, mem, recompute_s, limit, frac_s) if mode != "none" else None

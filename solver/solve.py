@@ -62,8 +62,11 @@ def parse_budget(text: str | int, eager_peak_bytes: int | None = None) -> int:
 
 def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, status: str, solver: str,
             objective_s: float, bound_s, gap, solve_time_s: float, info: dict, inplace: bool = False,
-            eager: int | None = None) -> Solution:
-    """The `Solution` of (S, R) on ``graph`` (with its implementations, ``graph.impls``), simulated."""
+            eager: int | None = None, eager_time: float | None = None) -> Solution:
+    """The `Solution` of (S, R) on ``graph`` (with its implementations, ``graph.impls``), simulated.
+    ``eager`` (bytes) and ``eager_time`` (seconds) are plain PyTorch's peak and iteration time, the
+    references of the reported saving and overhead; by default those of ``graph`` itself, which is
+    wrong when ``graph`` carries implementations other than PyTorch's."""
     schedule = schedule_from_matrices(graph, S, R)
     schedule.impl, schedule.inplace = dict(graph.impls), inplace
     fw, bw = build_modules(graph, schedule)
@@ -72,7 +75,7 @@ def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, 
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
     eager = eager_peak(graph, costs) if eager is None else eager
-    eager_time = float(costs.fwd_time.sum() + costs.bwd_time.sum())
+    eager_time = costs.total_time if eager_time is None else eager_time
     shape = graph.input_shape
     meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", shape[0] if shape else 0),
                         input_shape=info.get("input_shape", shape[1:]), dtype=info.get("dtype", graph.input_dtype),
@@ -90,6 +93,28 @@ def keep_all_matrices(graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
     """S = every useful forward node kept in every stage, R = nothing recomputed: plain PyTorch."""
     T, N = len(graph.bwd), len(graph.fwd)
     return np.ones((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
+
+
+def same_kernels_solution(graph: OpGraph, costs: CostArrays, sol: Solution, device: str = "cpu",
+                          cost_fn=None) -> Solution:
+    """A keep-everything solution (no recomputation) with ``sol``'s operator implementations: the
+    reference that tells the schedule's effect on gradients (none: bitwise on CPU) from the
+    implementations' (other arithmetic, e.g. PyTorch's native convolution instead of oneDNN's).
+
+    ``graph``/``costs`` are the captured graph and its costs that ``sol`` was solved from (with
+    ``device`` and ``cost_fn`` as for `solve`); its meta is ``sol``'s, with mode "none".
+    """
+    import dataclasses
+
+    impls = dict(sol.schedule.impl)
+    if impls:
+        options, _ = full_model(graph, costs, sol.meta.mode, device, cost_fn)
+        graph, costs = chosen_graph(graph, costs, options, impls)
+    S, R = keep_all_matrices(graph)
+    schedule = schedule_from_matrices(graph, S, R)
+    schedule.impl, schedule.inplace = dict(graph.impls), False
+    meta = dataclasses.replace(sol.meta, mode="none", status="optimal", objective_s=sol.meta.eager_time_s or 0.0)
+    return Solution(schedule=schedule, S=S, R=R, meta=meta)
 
 
 def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
@@ -120,7 +145,7 @@ def simulated_peak_fn(graph: OpGraph, costs: CostArrays, mem: MemoryModel, inpla
 def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, **_) -> Solution:
     """Keep everything (mode ``none``).  Raises InfeasibleBudgetError if even that does not fit."""
     S, R = keep_all_matrices(graph)
-    const = float(costs.fwd_time.sum() + costs.bwd_time.sum())
+    const = costs.total_time
     sol = _finish(graph, costs, S, R, budget=budget, mode="none", status="optimal", solver="none",
                   objective_s=const, bound_s=const, gap=0.0, solve_time_s=0.0, info=info or {})
     if sol.meta.predicted_peak_bytes > budget:
@@ -130,21 +155,23 @@ def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *,
                  solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, mode: str = "normal",
-                 inplace: bool = False, eager: int | None = None, gap: float = 0.0, progress=None) -> Solution:
+                 inplace: bool = False, eager: int | None = None, eager_time: float | None = None,
+                 gap: float = 0.0, progress=None) -> Solution:
     """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors).
 
     ``graph`` may carry implementations already (``graph.impls``, fixed by `solve_full`); ``mode``
     is the label stored in the solution, ``inplace`` turns on in-place ReLU/add in the executor.
     """
     mem = memory_model(graph, costs)
-    const = float(costs.fwd_time.sum() + costs.bwd_time.sum())
+    const = costs.total_time
     t0 = time.perf_counter()
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
                     time_limit=time_limit, constant_s=const, verbose=verbose,
                     peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
     return _finish(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                   solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
+                   solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
+                   eager_time=eager_time)
 
 
 def analytic_cost_fn(spec=None):
@@ -156,13 +183,26 @@ def analytic_cost_fn(spec=None):
     return cost_fn
 
 
-def lean_impls(options) -> dict[str, str]:
+def lean_impls(options, cheap: bool = False) -> dict[str, str]:
     """A memory-lean implementation per choice: a compact new value (mask, offsets) where there is
-    one, else the option with the least workspace (ties: PyTorch's)."""
+    one, else the option with the least workspace (ties: PyTorch's).
+
+    With ``cheap``, only options at most 5 % slower than PyTorch's kernel on their nodes are
+    candidates (by the costs of ``options``): the lean options can be slow, and the right ones
+    depend on the device.  On CPU (ResNet-50, batch 8, 96x96) the 1-bit ReLU mask's backward took
+    22x threshold_backward's time (5.3 ms vs 0.24 ms for 8x256x24x24) and the chunked convolution
+    backward 6x; on a GPU the mask costs a few percent.
+    """
     from monet.impls import IMPLS
 
+    def seconds(o) -> float:
+        return sum(float(o.bwd_time[t]) for t in o.governed) + (float(o.fwd_time[o.node]) if o.node >= 0 else 0.0)
+
+    default = {o.key: seconds(o) for o in options if o.impl == "default"}
     best: dict[str, tuple] = {}
     for o in options:
+        if cheap and o.key in default and seconds(o) > 1.05 * default[o.key] + 1e-9:
+            continue
         token = IMPLS[o.impl].token if o.impl in IMPLS else ""
         ws = sum(float(o.bwd_workspace[t]) for t in o.governed) + (float(o.fwd_workspace[o.node]) if o.node >= 0 else 0)
         rank = (0 if token == "newnode" else 1, ws, o.impl != "default")
@@ -200,19 +240,31 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
                cost_fn=None, progress=None, gap: float = 0.0) -> Solution:
     """MONeT's ILP choosing operator implementations jointly with checkpoints (Sec. 4).
 
-    ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  When the solver
-    returns no integer schedule in time, the implementations are fixed (rounding the relaxation's
-    choice, else the memory-lean ones of `lean_impls`) and the normal-mode ILP with its repair
-    fallback schedules that graph (status "heuristic").  ``time_limit`` (seconds, wall clock)
-    covers all of these solves; ``gap`` is the fraction of the bound at which a solve may stop.
+    ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  Two solves share
+    ``time_limit`` (seconds, wall clock):
+
+    1. the normal-mode ILP with PyTorch's implementations, and again with the cheap memory-lean
+       implementations fixed (`lean_impls` with ``cheap=True``), on 30 % of the limit each.  These
+       ILPs are smaller and CBC (or the repaired LP rounding) gives schedules for them; the joint
+       ILP on ResNet-50 (57,000 variables) often finds none in a minute (see BENCHMARKS.md,
+       "Solver at full scale"), and its own fallbacks then gave schedules 4-8x slower than plain
+       PyTorch;
+    2. the joint ILP on the rest; the fastest schedule is returned (status "gap" when it is within
+       ``gap`` of the joint ILP's bound, else "heuristic" for a fixed-implementation one).
+
+    When neither finds a schedule, the normal-mode ILP runs on the fully memory-lean
+    implementations (`lean_impls`, or the rounded relaxation's choice), and then the smallest budget
+    is searched.  A fallback solve gets at least half the limit (up to 5 s), so the total can
+    overrun ``time_limit`` by that much.
 
     Raises:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget found.
     """
     t_end = time.perf_counter() + time_limit
     inplace = "inplace" in mode_tokens(mode)
-    eager = eager_peak(graph, costs)
+    eager, eager_time = eager_peak(graph, costs), costs.total_time
     options, mem = full_model(graph, costs, mode, device, cost_fn, progress)
+    ref = dict(mode=mode, inplace=inplace, eager=eager, eager_time=eager_time, gap=gap, progress=progress)
 
     def left() -> float:
         # a fallback solve gets what is left of the limit, but at least half of it (up to 5 s):
@@ -220,59 +272,76 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
         return max(1.0, t_end - time.perf_counter(), min(time_limit, 10.0) / 2)
 
     if not options:
-        return solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose,
-                            mode=mode, inplace=inplace, eager=eager, gap=gap, progress=progress)
+        return solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose, **ref)
     fixed = fixed_time(graph, costs, options)
     t0 = time.perf_counter()
+    # normal mode (PyTorch's implementations) and the cheap lean implementations fixed, 30 % of the
+    # limit each: both are schedules of the joint problem, so full mode is never slower than normal
+    first = None
+    cheap = lean_impls(options, cheap=True)
+    for impls in ([{}, cheap] if cheap else [{}]):
+        cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, max(1.0, 0.3 * time_limit),
+                            verbose, ref)
+        if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
+            first = cand
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver, time_limit=left(),
                     constant_s=fixed, verbose=verbose, peak_of=simulated_peak_fn(graph, costs, mem, inplace),
                     gap=gap, progress=progress)
-    if res.status in ("optimal", "gap"):
-        g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
-        return _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
-                       objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                       solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
-    # Not proven within the gap: PyTorch's implementations everywhere are one of the joint ILP's
-    # choices, so the normal-mode schedule is a candidate too; keep the faster (never worse than
-    # normal mode), if time is left for it.
-    try:
-        plain = solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose,
-                             mode=mode, inplace=inplace, eager=eager, gap=gap, progress=progress)
-    except InfeasibleBudgetError:
-        plain = None
     if res.status != "no_integer":
         g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
         sol = _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                       objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                      solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager)
-        return _better(sol, plain, res.bound_s)
+                      solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
+                      eager_time=eager_time)
+        return _better(sol, first, res.bound_s, gap)
+    if first is not None:
+        first.meta.solve_time_s = time.perf_counter() - t0
+        return _better(None, first, res.bound_s, gap)
     impls = lean_impls(options) if res.M is None else _round_options(options, res.M)
-    g, c = chosen_graph(graph, costs, options, impls)
-    try:
-        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=left(), verbose=verbose, mode=mode,
-                           inplace=inplace, eager=eager, gap=gap, progress=progress)
-    except InfeasibleBudgetError:
+    sol = _solve_fixed(graph, costs, options, impls, budget, info, solver, left(), verbose, ref)
+    if sol is None:
         least, proven, g, c, S, R = _smallest(graph, costs, mode, solver, left(), device, cost_fn)
         if least > budget:
             raise InfeasibleBudgetError(budget, least, mode, exact=proven) from None
         # the smallest-budget schedule fits this budget: use it
         sol = _finish(g, c, S, R, budget=budget, mode=mode, status="heuristic", solver=solver.upper() + "+min-budget",
                       objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
-                      solve_time_s=0.0, info=info or {}, inplace=inplace, eager=eager)
-    sol.meta.status, sol.meta.solver = "heuristic", f"{solver.upper()}+fixed-impls"
+                      solve_time_s=0.0, info=info or {}, inplace=inplace, eager=eager, eager_time=eager_time)
     sol.meta.solve_time_s = time.perf_counter() - t0
-    return _better(sol, plain, None)
+    return _better(None, sol, res.bound_s, gap)
 
 
-def _better(sol: Solution, plain: Solution | None, bound_s) -> Solution:
-    """The faster of a full-mode solution and the normal-mode one (objectives in seconds)."""
-    if plain is None or sol.meta.objective_s <= plain.meta.objective_s:
+def _solve_fixed(graph, costs, options, impls: dict[str, str], budget: int, info, solver: str,
+                 time_limit: float, verbose: bool, ref: dict) -> Solution | None:
+    """The normal-mode solution on ``graph`` with the implementations ``impls`` fixed (solver
+    "<name>+fixed-impls"), or None when that ILP finds the budget infeasible."""
+    g, c = chosen_graph(graph, costs, options, impls)
+    try:
+        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=time_limit, verbose=verbose, **ref)
+    except InfeasibleBudgetError:
+        return None
+    if impls:
+        sol.meta.solver += "+fixed-impls"
+    return sol
+
+
+def _better(sol: Solution | None, other: Solution | None, bound_s, gap: float) -> Solution:
+    """The faster (objectives in seconds) of the joint ILP's solution ``sol`` and a schedule of a
+    restricted problem ``other`` (fixed implementations), measured against the joint ILP's bound:
+    ``other`` is "gap" when within ``gap`` of it, else "heuristic" (its own ILP's optimality says
+    nothing about the joint problem)."""
+    if other is None or (sol is not None and sol.meta.objective_s <= other.meta.objective_s):
         return sol
-    plain.meta.solve_time_s += sol.meta.solve_time_s
-    plain.meta.bound_s = bound_s
-    plain.meta.gap = None if bound_s is None else max(0.0, 1 - bound_s / plain.meta.objective_s)
-    plain.meta.solver += "(normal mode won)"
-    return plain
+    if sol is not None:  # its solve time counts from the start of solve_full, both solves included
+        other.meta.solve_time_s = sol.meta.solve_time_s
+    if bound_s is not None and other.meta.objective_s < bound_s * (1 - 1e-9):
+        # a repaired schedule the simulator fits but the joint ILP's (pessimistic) memory does not:
+        # the ILP's bound is no bound for it
+        bound_s = None
+    other.meta.bound_s = bound_s
+    other.meta.gap = None if bound_s is None else max(0.0, 1 - bound_s / other.meta.objective_s)
+    other.meta.status = "gap" if other.meta.gap is not None and other.meta.gap <= gap else "heuristic"
+    return other
 
 
 def _round_options(options, M_frac) -> dict[str, str]:
