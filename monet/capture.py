@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 from torch._functorch.aot_autograd import aot_module
 
+from monet import mixed_precision
 from monet.graph import OpGraph, build_opgraph
 
 
@@ -56,7 +57,7 @@ def _train_mode(model: nn.Module):
         model.train(was)
 
 
-def capture(model: nn.Module, example_input: torch.Tensor) -> OpGraph:
+def capture(model: nn.Module, example_input: torch.Tensor, autocast_dtype: torch.dtype | None = None) -> OpGraph:
     """Trace ``model(example_input)`` forward and backward and return its `OpGraph`.
 
     Args:
@@ -64,6 +65,11 @@ def capture(model: nn.Module, example_input: torch.Tensor) -> OpGraph:
             (dropout, batch statistics), its mode restored afterwards.  Not modified.
         example_input: a tensor of the real shape, dtype and device, e.g. (B, 3, 224, 224)
             float32.  Its values are not read (the trace uses fake tensors).
+        autocast_dtype: trace inside ``torch.autocast(example_input.device.type, autocast_dtype)``
+            (``torch.bfloat16``; ``torch.float16`` on CUDA): mixed-precision training.  The graph
+            then holds autocast's casts and 16-bit activations (2 bytes per element), and records
+            the setting (``graph.autocast``, part of the fingerprint).  None: the autocast state in
+            force at the call, as a training loop would run it (usually none).
 
     Returns:
         The `OpGraph`, with ``joint`` set to the traced joint graph.
@@ -71,24 +77,33 @@ def capture(model: nn.Module, example_input: torch.Tensor) -> OpGraph:
     Raises:
         CaptureError: when AOTAutograd cannot trace the model (data-dependent control flow, an
             operator without a fake-tensor implementation ...); the message says which.
-        ValueError: if no output of the model requires a gradient.
+        ValueError: if no output of the model requires a gradient, or autocast does not run
+            ``autocast_dtype`` on the input's device.
     """
     kinds = primal_kinds(model, 1)
+    device_type = example_input.device.type
 
     def partition(joint, joint_inputs, *, num_fwd_outputs, **_):
         raise _Captured(joint, num_fwd_outputs)
 
     traced = trace_joint(model, (example_input,), partition)
-    try:
-        with _train_mode(model):
-            traced(example_input)
-    except _Captured as c:
-        graph = build_opgraph(c.joint, c.num_fwd_outputs, kinds_by_name(c.joint, kinds))
-        if not graph.bwd:
-            raise ValueError("the model's output does not require a gradient: nothing to train")
-        return graph
-    except Exception as e:  # noqa: BLE001 - re-raised with what failed
-        raise CaptureError(describe_trace_failure(e)) from e
+    with contextlib.ExitStack() as stack:
+        if autocast_dtype is not None:
+            stack.enter_context(mixed_precision.context((device_type, autocast_dtype)))
+        autocast = mixed_precision.current(device_type)  # what the trace runs under
+        if autocast_dtype is not None and autocast != mixed_precision.normalize((device_type, autocast_dtype)):
+            raise ValueError(f"torch.autocast does not run {autocast_dtype} on {device_type} "
+                             f"(it runs {mixed_precision.describe(autocast)})")
+        try:
+            with _train_mode(model):
+                traced(example_input)
+        except _Captured as c:
+            graph = build_opgraph(c.joint, c.num_fwd_outputs, kinds_by_name(c.joint, kinds), autocast=autocast)
+            if not graph.bwd:
+                raise ValueError("the model's output does not require a gradient: nothing to train")
+            return graph
+        except Exception as e:  # noqa: BLE001 - re-raised with what failed
+            raise CaptureError(describe_trace_failure(e)) from e
     raise ValueError("the model's output does not require a gradient: nothing to train")
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from monet import mixed_precision
+
 PRIMAL = "primals"
 TANGENT = "tangents"
 
@@ -134,6 +136,8 @@ class OpGraph:
         num_fwd_outputs: how many of the joint outputs belong to the forward.
         input_shape, input_dtype: the traced input's shape (batch first) and dtype ("float32").
         impls: the non-default operator implementations applied (`monet.impls.apply_impls`).
+        autocast: the autocast setting the graph was traced under, ``("cpu", "bfloat16")`` or
+            None (`monet.mixed_precision`); it is the summary's last line, so part of the fingerprint.
     """
 
     fwd: list[Node]
@@ -153,6 +157,7 @@ class OpGraph:
     input_shape: tuple[int, ...] = ()  # the traced input, batch dimension first
     input_dtype: str = ""
     impls: dict = field(default_factory=dict)  # "fwd:<id>"/"bwd:<id>" -> implementation (monet.impls)
+    autocast: tuple[str, str] | None = None  # ("cpu", "bfloat16") when traced under torch.autocast
 
     @property
     def bwd_reads(self) -> list[tuple[int, ...]]:
@@ -163,8 +168,9 @@ class OpGraph:
         return {name: n.id for n in self.fwd for name in n.fx_names}
 
     def describe(self) -> str:
+        amp = f", {mixed_precision.describe(self.autocast)}" if self.autocast else ""
         return (f"{len(self.fwd)} forward nodes, {len(self.bwd)} backward nodes, "
-                f"parameters {self.param_bytes / 2**20:.1f} MiB, fingerprint {self.fingerprint[:12]}")
+                f"parameters {self.param_bytes / 2**20:.1f} MiB{amp}, fingerprint {self.fingerprint[:12]}")
 
 
 def fingerprint(lines: list[str]) -> str:
@@ -189,7 +195,8 @@ def _summary_line(node: fx.Node, index: dict[str, int]) -> str:
     return f"{node.op} {op_name(node) if node.op == 'call_function' else node.target} ({args};{kwargs}) -> {shapes}"
 
 
-def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dict[str, str]) -> OpGraph:
+def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dict[str, str],
+                  autocast=None) -> OpGraph:
     """Turn an AOTAutograd joint graph into an `OpGraph`.
 
     Args:
@@ -197,6 +204,9 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
             carries ``meta["val"]`` (fake tensors with shapes and dtypes).
         num_fwd_outputs: number of forward outputs at the front of the joint output list.
         primal_kinds: placeholder name -> "param" | "buffer" | "input".
+        autocast: the autocast setting the joint graph was traced under (None, or
+            ``(device_type, dtype)``, see `monet.mixed_precision`); the trace already holds its
+            casts, this records it in the summary and the fingerprint.
 
     Raises:
         ValueError: if a node has no traced shape (``meta["val"]``), which the memory model needs.
@@ -260,6 +270,9 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
         return n
 
     summary = [_summary_line(n, index) for n in nodes]
+    autocast = mixed_precision.normalize(autocast)
+    if autocast is not None:  # last, so that summary indices stay joint-graph node indices
+        summary.append(mixed_precision.summary_line(autocast))
 
     # ---- forward nodes
     fwd: list[Node] = []
@@ -332,4 +345,4 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
                    param_bytes=_bytes_of("param"), buffer_bytes=_bytes_of("buffer"),
                    input_bytes=_bytes_of("input"), output_bytes=output_bytes, tangent_bytes=tangent_bytes,
                    fingerprint=fingerprint(summary), summary=summary, joint=joint,
-                   num_fwd_outputs=num_fwd_outputs)
+                   num_fwd_outputs=num_fwd_outputs, autocast=autocast)

@@ -5,6 +5,11 @@ One training iteration, as DESIGN.md ("Measuring") defines it: parameter gradien
 measured at the allocator (`monet.profiling.memory.measure_peak`) and includes parameters,
 buffers, the input and ``g``.  Overhead is the median iteration time of the schedule divided by the
 median of plain PyTorch, measured in one process, interleaved, after warm-up, minus 1.
+
+Mixed precision: every function takes ``autocast``, a setting of `monet.mixed_precision` (None, or
+``("cpu", "bfloat16")`` ...); the forward pass then runs inside ``torch.autocast`` and the backward
+pass outside it, as PyTorch's automatic mixed precision recipe has it, for the schedule and for
+plain PyTorch alike.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from monet import mixed_precision
 from monet.profiling.memory import live_tensor_bytes, measure_peak
 
 
@@ -38,41 +44,47 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _iteration(model: nn.Module, x: torch.Tensor, g: torch.Tensor):
+def _forward(model: nn.Module, x: torch.Tensor, autocast=None) -> torch.Tensor:
+    with mixed_precision.context(autocast):
+        return model(x)
+
+
+def _iteration(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None):
     for p in model.parameters():
         p.grad = None
-    model(x).backward(g)
+    _forward(model, x, autocast).backward(g)
 
 
-def output_grad(model: nn.Module, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """A fixed random gradient for the model's output, shaped like it (a stand-in for a loss)."""
+def output_grad(model: nn.Module, x: torch.Tensor, seed: int = 0, autocast=None) -> torch.Tensor:
+    """A fixed random gradient for the model's output, shaped like it (a stand-in for a loss); of
+    the output's dtype under ``autocast`` (bf16 for a bf16 autocast model)."""
     with torch.no_grad():
-        shape_probe = copy.deepcopy(model).eval()(x)
+        shape_probe = _forward(copy.deepcopy(model).eval(), x, autocast)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(shape_probe.shape, generator=gen, dtype=shape_probe.dtype).to(x.device)
 
 
-def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor) -> int:
+def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None) -> int:
     """Peak bytes of one iteration after one warm-up iteration (parameter gradients None at start)."""
-    _iteration(model, x, g)  # warm-up: AOTAutograd traces on the first call
+    _iteration(model, x, g, autocast)  # warm-up: AOTAutograd traces on the first call
     for p in model.parameters():
         p.grad = None
     baseline = live_tensor_bytes(model, x, g, device=x.device)
 
     def step():
-        model(x).backward(g)
+        _forward(model, x, autocast).backward(g)
 
     return measure_peak(step, x.device, baseline_bytes=baseline).peak_bytes
 
 
-def grads_and_buffers(model: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0):
+def grads_and_buffers(model: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0, autocast=None):
     """Gradients and buffers after one iteration from the RNG state ``seed``, keyed by position.
 
     Positions (the order of ``parameters()`` / ``buffers()``), not names: a wrapper prefixes the
     names of the model it wraps.
     """
     torch.manual_seed(seed)
-    _iteration(model, x, g)
+    _iteration(model, x, g, autocast)
     grads = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters()) if p.grad is not None}
     bufs = {i: b.detach().clone() for i, b in enumerate(model.buffers())}
     return grads, bufs
@@ -111,31 +123,31 @@ def grad_rel_error(a: dict, b: dict) -> float:
     return (num ** 0.5) / max(den ** 0.5, 1e-300)
 
 
-def compare_gradients(make_plain, make_wrapped, x: torch.Tensor, g: torch.Tensor, seed: int = 0):
+def compare_gradients(make_plain, make_wrapped, x: torch.Tensor, g: torch.Tensor, seed: int = 0, autocast=None):
     """Run one iteration of each from identical weights and RNG; return (`grad_rel_error`, grads
     bitwise equal, buffers bitwise equal).
 
     ``make_plain()`` and ``make_wrapped()`` build the two models from the same weights.
     """
-    ga, ba = grads_and_buffers(make_wrapped(), x, g, seed)
-    gb, bb = grads_and_buffers(make_plain(), x, g, seed)
+    ga, ba = grads_and_buffers(make_wrapped(), x, g, seed, autocast)
+    gb, bb = grads_and_buffers(make_plain(), x, g, seed, autocast)
     equal = ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
     bequal = ba.keys() == bb.keys() and all(torch.equal(ba[k], bb[k]) for k in ba)
     return grad_rel_error(ga, gb), equal, bequal
 
 
 def overhead(plain: nn.Module, wrapped: nn.Module, x: torch.Tensor, g: torch.Tensor, repeats: int = 5,
-             warmup: int = 1) -> tuple[float, float, float]:
+             warmup: int = 1, autocast=None) -> tuple[float, float, float]:
     """(overhead fraction, median schedule time s, median plain time s), interleaved in one process."""
     for _ in range(warmup):
-        _iteration(wrapped, x, g)
-        _iteration(plain, x, g)
+        _iteration(wrapped, x, g, autocast)
+        _iteration(plain, x, g, autocast)
     tw, tp = [], []
     for _ in range(repeats):
         for m, acc in ((wrapped, tw), (plain, tp)):
             _sync(x.device)
             t0 = time.perf_counter()
-            _iteration(m, x, g)
+            _iteration(m, x, g, autocast)
             _sync(x.device)
             acc.append(time.perf_counter() - t0)
     mw, mp = statistics.median(tw), statistics.median(tp)

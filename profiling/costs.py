@@ -46,6 +46,7 @@ __all__ = [
     "analytic_costs",
     "node_flops",
     "node_bytes_moved",
+    "is_half_precision",
     "costs_for",
     "validate_costs",
     "make_table",
@@ -77,6 +78,9 @@ class DeviceSpec:
         flops_per_s: peak arithmetic throughput in FLOP/s (fp32, no tensor cores).
         bytes_per_s: peak memory bandwidth in bytes/s.
         launch_s: fixed cost per op in seconds (kernel launch / dispatch overhead).
+        half_flops_per_s: peak throughput of 16-bit (bf16/fp16) matmuls and convolutions in
+            FLOP/s (tensor cores), used for ops whose floating-point inputs are all 16-bit
+            (mixed precision, `monet.mixed_precision`); None: the same as ``flops_per_s``.
 
     Use the presets: `cpu_default`, or `named` with one of `PRESETS`' keys
     (``"p100"``, ``"v100"``, ``"a100"``, ``"h100"``, ``"h100-pcie"``, ``"h200"``).
@@ -86,9 +90,10 @@ class DeviceSpec:
     flops_per_s: float
     bytes_per_s: float
     launch_s: float = 5e-6
+    half_flops_per_s: float | None = None
 
     def __post_init__(self):
-        for field_name in ("flops_per_s", "bytes_per_s"):
+        for field_name in ("flops_per_s", "bytes_per_s") + (("half_flops_per_s",) if self.half_flops_per_s else ()):
             v = getattr(self, field_name)
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"DeviceSpec.{field_name} must be a positive number, got {v!r}")
@@ -137,13 +142,17 @@ class DeviceSpec:
 #                                           -- "NVIDIA H100 Tensor Core GPU" data sheet
 #   H200 SXM:        67 TFLOP/s, 4.8 TB/s   -- "NVIDIA H200 Tensor Core GPU" data sheet
 # (GB = 1e9 bytes there.)  Launch overhead ~5 us per kernel is a typical measured figure.
+# 16-bit peaks, dense (without structured sparsity), same data sheets: P100 18.7 TFLOP/s fp16 (no
+# tensor cores); V100 125 (fp16 tensor cores; no bf16); A100 312, H100 SXM5 989, H100 PCIe 756,
+# H200 989 (bf16 = fp16 tensor cores).
 PRESETS: dict[str, DeviceSpec] = {
-    "p100": DeviceSpec("p100", flops_per_s=9.3e12, bytes_per_s=732e9, launch_s=5e-6),
-    "v100": DeviceSpec("v100", flops_per_s=15.7e12, bytes_per_s=900e9, launch_s=5e-6),
-    "a100": DeviceSpec("a100", flops_per_s=19.5e12, bytes_per_s=2039e9, launch_s=5e-6),
-    "h100": DeviceSpec("h100", flops_per_s=67e12, bytes_per_s=3.35e12, launch_s=5e-6),
-    "h100-pcie": DeviceSpec("h100-pcie", flops_per_s=51e12, bytes_per_s=2.0e12, launch_s=5e-6),
-    "h200": DeviceSpec("h200", flops_per_s=67e12, bytes_per_s=4.8e12, launch_s=5e-6),
+    "p100": DeviceSpec("p100", flops_per_s=9.3e12, bytes_per_s=732e9, launch_s=5e-6, half_flops_per_s=18.7e12),
+    "v100": DeviceSpec("v100", flops_per_s=15.7e12, bytes_per_s=900e9, launch_s=5e-6, half_flops_per_s=125e12),
+    "a100": DeviceSpec("a100", flops_per_s=19.5e12, bytes_per_s=2039e9, launch_s=5e-6, half_flops_per_s=312e12),
+    "h100": DeviceSpec("h100", flops_per_s=67e12, bytes_per_s=3.35e12, launch_s=5e-6, half_flops_per_s=989e12),
+    "h100-pcie": DeviceSpec("h100-pcie", flops_per_s=51e12, bytes_per_s=2.0e12, launch_s=5e-6,
+                            half_flops_per_s=756e12),
+    "h200": DeviceSpec("h200", flops_per_s=67e12, bytes_per_s=4.8e12, launch_s=5e-6, half_flops_per_s=989e12),
 }
 
 
@@ -194,6 +203,14 @@ def node_flops(fx_node: fx.Node) -> int:
     return int(flop_registry[packet](*args, **kwargs, out_val=fx_node.meta.get("val")))
 
 
+def is_half_precision(fx_node: fx.Node) -> bool:
+    """True when every floating-point tensor the op reads is 16-bit (bf16 or fp16): an op that
+    autocast runs in lower precision (its FLOP run at `DeviceSpec.half_flops_per_s`)."""
+    floats = [t.dtype for a in fx_node.all_input_nodes for t in _tensor_leaves(a.meta.get("val"))
+              if t.dtype.is_floating_point]
+    return bool(floats) and all(d in (torch.bfloat16, torch.float16) for d in floats)
+
+
 def node_bytes_moved(fx_node: fx.Node) -> int:
     """Bytes read and written by one op: its tensor arguments plus its outputs, from shapes and
     dtypes (numel * itemsize of each, so a view counts the elements it covers)."""
@@ -214,9 +231,11 @@ def make_table(rows: list[dict]) -> pd.DataFrame:
 def analytic_costs(graph: OpGraph, spec: DeviceSpec = DeviceSpec.cpu_default()) -> pd.DataFrame:
     """Roofline costs of every node of ``graph``, one row per node with ``impl == "default"``.
 
-    For each node: ``flops`` from `node_flops`, ``bytes_moved`` from `node_bytes_moved`, and
+    For each node: ``flops`` from `node_flops`, ``bytes_moved`` from `node_bytes_moved` (from the
+    traced dtypes: a bf16 tensor moves 2 bytes per element), and
     ``time_s = recompute_s = max(flops / spec.flops_per_s, bytes_moved / spec.bytes_per_s)
-    + spec.launch_s`` (seconds).  ``workspace_bytes`` is 0: temporaries are a property of the
+    + spec.launch_s`` (seconds), with ``spec.half_flops_per_s`` instead of ``spec.flops_per_s``
+    (when given) for an op whose floating-point inputs are all 16-bit (`is_half_precision`).  ``workspace_bytes`` is 0: temporaries are a property of the
     kernel, not of the op's shapes, and only `monet.profiling.profiler.profile_costs` measures
     them.  ``source`` is ``"analytic"``.
 
@@ -240,7 +259,9 @@ def analytic_costs(graph: OpGraph, spec: DeviceSpec = DeviceSpec.cpu_default()) 
         fx_node = by_name[node.name]
         flops = node_flops(fx_node)
         nbytes = node_bytes_moved(fx_node)
-        t = max(flops / spec.flops_per_s, nbytes / spec.bytes_per_s) + spec.launch_s
+        rate = spec.half_flops_per_s if spec.half_flops_per_s and flops and is_half_precision(fx_node) \
+            else spec.flops_per_s
+        t = max(flops / rate, nbytes / spec.bytes_per_s) + spec.launch_s
         rows.append(dict(kind=node.kind, node=node.id, op=node.op, impl=DEFAULT_IMPL, time_s=t,
                          recompute_s=t, workspace_bytes=0, flops=flops, bytes_moved=nbytes,
                          source="analytic"))

@@ -49,6 +49,12 @@ def batch_norm_backward_from_output(grad, y, weight, bias, save_invstd, eps, out
         _check_weight(weight)
     need_in, need_w, need_b = output_mask
     grad_input = grad_weight = grad_bias = None
+    out_dtype = grad.dtype
+    if grad.dtype in (torch.bfloat16, torch.float16):
+        # mixed precision (autocast runs BatchNorm in 16 bits on the CPU): accumulate in float32,
+        # as ATen's kernel does, and return float32 weight and bias gradients, as it does; for
+        # float32 tensors nothing changes (bitwise as before)
+        grad, y = grad.float(), y.float()
     if need_in or need_w:
         x_hat = y if bias is None else y - bias.view(shape)
         x_hat = x_hat if weight is None else x_hat / weight.view(shape)
@@ -58,7 +64,11 @@ def batch_norm_backward_from_output(grad, y, weight, bias, save_invstd, eps, out
     if need_in:
         scale = save_invstd / m if weight is None else weight * save_invstd / m
         grad_input = scale.view(shape) * (m * grad - grad_bias.view(shape) - x_hat * grad_weight.view(shape))
-        grad_input = grad_input.to(grad.dtype)
+        grad_input = grad_input.to(out_dtype)
+    if out_dtype != grad.dtype:  # 16-bit inputs: the parameter gradients in the parameters' dtype
+        pdtype = weight.dtype if weight is not None else save_invstd.dtype
+        grad_weight = None if grad_weight is None else grad_weight.to(pdtype)
+        grad_bias = None if grad_bias is None else grad_bias.to(pdtype)
     return (grad_input, grad_weight if need_w else None, grad_bias if need_b else None)
 
 

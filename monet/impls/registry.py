@@ -212,7 +212,7 @@ def _rebuild(graph: OpGraph, joint: fx.GraphModule, impls: dict[str, str]) -> Op
                            f"({len(graph.fwd)}/{len(graph.bwd)} -> {len(out.fwd)}/{len(out.bwd)})")
     # a schedule is bound to the captured graph, whatever implementations it runs
     out.fingerprint, out.summary = graph.fingerprint, graph.summary
-    out.input_shape, out.input_dtype = graph.input_shape, graph.input_dtype
+    out.input_shape, out.input_dtype, out.autocast = graph.input_shape, graph.input_dtype, graph.autocast
     out.impls = dict(impls)
     return out
 
