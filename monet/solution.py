@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from monet import mixed_precision
+
 MAGIC = b"MONET-SOLUTION\n"
 FORMAT_VERSION = 1
 PICKLE_PROTOCOL = 4
@@ -40,6 +42,11 @@ class SolutionFileError(ValueError):
 
 class SolutionMismatchError(ValueError):
     """A solution made for another graph (model, batch size, input shape, dtype or ops)."""
+
+
+class AutocastMismatchError(SolutionMismatchError, RuntimeError):
+    """A solution run under another autocast setting than it was solved for (an fp32 solution under
+    ``torch.autocast``, a bf16 one without it ...); the message names both and what to do."""
 
 
 def _ints(xs) -> tuple[int, ...]:
@@ -125,6 +132,10 @@ class SolutionMeta:
         created: creation time, ISO 8601 (defaults to now, UTC).
         eager_time_s: predicted time of one plain-PyTorch iteration, in seconds (None if unknown);
             with it `describe` reports the predicted overhead.
+        autocast: the autocast setting the graph was captured under: None (full precision) or
+            ``(device_type, dtype)``, e.g. ``("cpu", "bfloat16")`` (`monet.mixed_precision`).  It
+            is the last line of ``graph_summary`` (so part of the fingerprint) and is read from
+            there when not given; a value that disagrees with the summary is an error.
     """
     model: str
     batch_size: int
@@ -150,6 +161,7 @@ class SolutionMeta:
     n_bwd: int
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     eager_time_s: float | None = None
+    autocast: tuple[str, str] | None = None
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -167,6 +179,11 @@ class SolutionMeta:
                      "monet_version", "fingerprint", "created"):
             setattr(self, name, str(getattr(self, name)))
         self.graph_summary = [str(line) for line in self.graph_summary]
+        recorded = mixed_precision.from_summary(self.graph_summary)
+        if self.autocast is not None and mixed_precision.normalize(self.autocast) != recorded:
+            raise ValueError(f"autocast {self.autocast!r} disagrees with the graph, which was captured with "
+                             f"{mixed_precision.describe(recorded)}")
+        self.autocast = recorded
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 
@@ -224,6 +241,8 @@ def _check_solution(sol, where: str) -> None:
         bad(f"S has shape {sol.S.shape} but R has shape {sol.R.shape}")
     if sol.S.shape[1] != sol.meta.n_fwd:
         bad(f"S and R have {sol.S.shape[1]} columns but the graph has {sol.meta.n_fwd} forward nodes")
+    if getattr(sol.meta, "autocast", None) != mixed_precision.from_summary(sol.meta.graph_summary):
+        bad(f"the recorded autocast setting {sol.meta.autocast!r} disagrees with the graph's: the file is corrupt")
 
 
 def save_solution(sol: Solution, path) -> None:
@@ -302,11 +321,20 @@ class _RestrictedUnpickler(pickle.Unpickler):
 def load_solution(path) -> Solution:
     """Read a solution written by `save_solution`, without running any code from the file.
 
+    ``path`` may also be ``"zoo:NAME"``: the zoo's prebuilt solution NAME (`monet.zoo.index`), read
+    the same way.  This is the one place such references are resolved, so every caller that takes a
+    solution file (MONeTWrapper, ``monet check``) takes them too.
+
     Raises:
+        monet.zoo.index.ZooEntryError: (a SolutionFileError) no zoo entry NAME; the message lists them.
         SolutionFileError: the file is missing or unreadable, is not a monet solution file, has an
             unsupported format version, is truncated or corrupt, or references a class or function
             that is not a monet type or a numpy array; the message names the file and the reason.
     """
+    if isinstance(path, str) and path.startswith("zoo:"):
+        from monet.zoo.index import resolve
+
+        path = resolve(path)
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -371,6 +399,10 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
         diffs.append(f"input shape differs (made for {meta.input_shape}, called with {shape}{hint})")
     if _dtype_name(dtype) != meta.dtype:
         diffs.append(f"dtype differs (made for {meta.dtype}, called with {_dtype_name(dtype)})")
+    theirs = mixed_precision.from_summary(summary)
+    if theirs != getattr(meta, "autocast", None):  # a graph traced under another autocast setting
+        diffs.append(f"autocast differs (made for {mixed_precision.describe(meta.autocast)}, "
+                     f"this graph was traced with {mixed_precision.describe(theirs)})")
     if diffs:
         raise SolutionMismatchError("the solution was made for another graph: " + "; ".join(diffs))
     if fingerprint == meta.fingerprint:
@@ -398,7 +430,8 @@ def describe(sol: Solution) -> str:
     """A human summary: model, batch, budget and predicted peak in GiB, overhead, solver status."""
     m = sol.meta
     model = m.model or "(unnamed model)"
-    lines = [f"monet solution for {model}, batch {m.batch_size}, input {m.input_shape}, {m.dtype}"]
+    amp = f" under {mixed_precision.describe(m.autocast)}" if getattr(m, "autocast", None) else ""
+    lines = [f"monet solution for {model}, batch {m.batch_size}, input {m.input_shape}, {m.dtype}{amp}"]
     lines.append(f"budget {m.budget_bytes / GiB:.2f} GiB ({m.budget_bytes} bytes), mode {m.mode}, "
                  f"device {m.device}, costs from {m.cost_source}")
     peak = f"predicted peak {m.predicted_peak_bytes / GiB:.2f} GiB"
@@ -424,5 +457,5 @@ def describe(sol: Solution) -> str:
 
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "STATUSES", "Stage", "Schedule", "SolutionMeta", "Solution",
-           "SolutionFileError", "SolutionMismatchError", "save_solution", "load_solution",
+           "SolutionFileError", "SolutionMismatchError", "AutocastMismatchError", "save_solution", "load_solution",
            "check_compatible", "describe"]

@@ -1,16 +1,15 @@
 """`MONeTWrapper`: train a model with a solved schedule, as a drop-in ``nn.Module``."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn as nn
 
 from monet.capture import kinds_by_name, primal_kinds, trace_joint
 from monet.executor import build_modules
 from monet.graph import build_opgraph
-from monet.solution import (Schedule, Solution, SolutionFileError, SolutionMismatchError, check_compatible,
-                            load_solution)
+from monet import mixed_precision
+from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
+                            check_compatible, load_solution)
 
 
 def _boxed_forward(gm, _example_inputs):
@@ -22,18 +21,22 @@ def _boxed_backward(gm, _example_inputs):
     return gm  # build_modules already gave it the boxed calling convention
 
 
-def scheduled_module(model: nn.Module, make_schedule, check=None) -> nn.Module:
+def scheduled_module(model: nn.Module, make_schedule, check=None, autocast=None) -> nn.Module:
     """``model`` traced by AOTAutograd, its backward executed by a schedule.
 
     Args:
         make_schedule: called with the traced `OpGraph` on the first call, returns a `Schedule`.
         check: optional, called with the `OpGraph` before that (raise to refuse the graph).
+        autocast: the autocast setting the first call runs under (`monet.mixed_precision`), which
+            the trace bakes into the graph; recorded in the graph's fingerprint.  AOTAutograd runs
+            the traced graphs with autocast disabled (its ``disable_amp``), so the recorded casts
+            are not applied a second time.
     """
     kinds = primal_kinds(model, 1)
     holder = {}
 
     def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
-        graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, kinds))
+        graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, kinds), autocast=autocast)
         if check is not None:
             check(graph)
         schedule = make_schedule(graph)
@@ -58,7 +61,22 @@ class MONeTWrapper(nn.Module):
     what the schedule keeps and the backward pass recomputes the rest (MONeT, Shah et al.,
     ICLR 2021); in eval mode or under ``torch.no_grad`` it runs ``model`` as it is.  Parameters,
     buffers and ``state_dict`` are the original model's (same keys), so optimizers, ``.to()``,
-    checkpoints and DistributedDataParallel work as with the original.
+    checkpoints and DistributedDataParallel work as with the original: wrap first, then
+    ``DDP(wrapper)``, with each rank's batch the solution's batch size.
+
+    ``torch.compile``: the scheduled training step is a graph break (``torch.compiler.disable``).
+    ``torch.compile(wrapper)`` therefore trains exactly as the wrapper does (the schedule is kept,
+    nothing of the model is compiled in training mode; eval mode is compiled as usual), and
+    ``torch.compile`` of a larger module containing the wrapper compiles the code around it.  A
+    model compiled before wrapping (``MONeTWrapper(torch.compile(model), ...)``) is refused.
+
+    Mixed precision: a solution solved under autocast (``monet solve --autocast bf16``, or
+    ``capture(model, x, autocast_dtype=torch.bfloat16)``) runs inside the caller's
+    ``with torch.autocast(device_type, dtype=...)`` (backward inside or outside it, as with the
+    plain model); its schedule is for the graph with autocast's casts and 16-bit activations.  A
+    solution without autocast refuses to run inside one, and the other way round
+    (`AutocastMismatchError`): the wrapper does not enter or leave autocast itself, so the output's
+    dtype and what the caller's loss and GradScaler see are what the plain model gives.
 
     Args:
         model: the ``nn.Module`` the solution was made for.
@@ -69,13 +87,18 @@ class MONeTWrapper(nn.Module):
         monet.solution.SolutionFileError: the file is missing, corrupt or not a monet solution.
         monet.solution.SolutionMismatchError: (on construction) the input shape differs from the
             solution's; (on the first call) the batch size, dtype or traced graph differs.
+        monet.solution.AutocastMismatchError: (on a training call; also a RuntimeError) the
+            autocast setting in force differs from the one the solution was solved for.
+        TypeError: ``model`` is a ``torch.compile`` result (wrap the original model instead).
     """
 
     def __init__(self, model: nn.Module, solution, input_shape):
         super().__init__()
-        if isinstance(solution, (str, Path)) and str(solution).startswith("zoo:"):
-            raise SolutionFileError(f"{solution}: this version ships no prebuilt schedules yet; "
-                                    "make one with `monet solve MODEL --batch-size B --budget 6GB -o solution.pkl`")
+        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+            raise TypeError("MONeTWrapper needs the original model, not a torch.compile result: wrap "
+                            "`model._orig_mod` (or the model before torch.compile); to compile, pass the "
+                            "wrapper or a module containing it to torch.compile: the scheduled training "
+                            "step runs eagerly as a graph break and the code around it is compiled")
         if not isinstance(solution, Solution):
             solution = load_solution(solution)
         self.solution = solution
@@ -100,16 +123,39 @@ class MONeTWrapper(nn.Module):
         check_compatible(meta, graph.fingerprint, graph.summary, batch_size=meta.batch_size,
                          input_shape=meta.input_shape, dtype=meta.dtype)
 
+    def _check_autocast(self, x: torch.Tensor):
+        """The autocast setting in force for ``x``'s device; `AutocastMismatchError` unless it is
+        the solution's.
+
+        A solution for autocast is not run by entering autocast here: the output's dtype, the
+        loss computed from it and a GradScaler belong to the caller's autocast region, exactly as
+        with the plain model, so the caller opens it (and an fp32 solution is refused inside one).
+        """
+        running = mixed_precision.current(x.device.type)
+        problem = mixed_precision.mismatch_message(getattr(self.solution.meta, "autocast", None), running)
+        if problem:
+            raise AutocastMismatchError(problem)
+        return running
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()):
             return self.model(x)
+        return self._scheduled(x)
+
+    # torch.compile stops here (a graph break) and runs the scheduled step eagerly: tracing into it
+    # would trace AOTAutograd inside Dynamo (which fails) or let the compiler re-partition the
+    # backward and drop the schedule's choices.  The code around the wrapper is still compiled.
+    @torch.compiler.disable(reason="MONeTWrapper runs its own scheduled forward/backward graphs")
+    def _scheduled(self, x: torch.Tensor) -> torch.Tensor:
         meta = self.solution.meta
         check_compatible(meta, meta.fingerprint, meta.graph_summary, batch_size=x.shape[0],
                          input_shape=tuple(x.shape[1:]), dtype=str(x.dtype))
-        key = (x.device, x.dtype, tuple(x.shape), torch.is_autocast_enabled())
+        autocast = self._check_autocast(x)
+        key = (x.device, x.dtype, tuple(x.shape), autocast)
         if self._traced is None or self._traced_for != key:
             schedule: Schedule = self.solution.schedule
-            self._traced = scheduled_module(self.model, lambda g: schedule, check=self._check_graph)
+            self._traced = scheduled_module(self.model, lambda g: schedule, check=self._check_graph,
+                                            autocast=autocast)
             self._traced_for = key
         return self._traced(x)
 
@@ -123,4 +169,4 @@ class MONeTWrapper(nn.Module):
                 f"{m.budget_bytes / 2**30:.2f} GiB, predicted peak {m.predicted_peak_bytes / 2**30:.2f} GiB")
 
 
-__all__ = ["MONeTWrapper", "SolutionMismatchError", "scheduled_module"]
+__all__ = ["MONeTWrapper", "SolutionMismatchError", "AutocastMismatchError", "scheduled_module"]
