@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
-CONFIGS = {  # model: batch size (MONeT, Table 2; GPT-2 small as the issue asks)
-    "resnet50": 184, "googlenet": 320, "unet": 11, "mobilenet_v2": 272, "vgg16": 176, "gpt2-small": 8,
-}
+from monet.zoo.build import BATCH as ZOO_BATCH
+
+CONFIGS = dict(ZOO_BATCH)  # model: batch size (MONeT, Table 2; GPT-2 small at 8), as the zoo builds them
 BUDGETS = (70, 60, 50, 40, 33)
 MODE = "inplace_conv_multiway_newnode"
 SECTION = "## Solver at full scale"
@@ -41,20 +41,13 @@ def _log(msg: str) -> None:
 
 
 def _graph_and_costs(model_name: str, batch: int):
-    """(graph, costs, cost source, cost_fn) for a configuration: captured with fake tensors."""
-    import torch
+    """(graph, costs, cost source, cost_fn) for a configuration, exactly as the zoo makes them
+    (`monet.zoo.build`): captured on the meta device, costed from a zoo profile or the P100 roofline."""
+    from monet.zoo.build import capture_config, zoo_costs
 
-    from monet.capture import capture
-    from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
-    from monet.solver.solve import analytic_cost_fn
-    from monet.zoo.models import example_input, get_model
-
-    torch.manual_seed(0)
-    model = get_model(model_name)
-    x = example_input(model_name, batch, None)
-    graph = capture(model, x)
-    spec = DeviceSpec.named("p100")
-    return graph, costs_for(graph, analytic_costs(graph, spec)), "analytic (P100 roofline)", analytic_cost_fn(spec)
+    graph = capture_config(model_name, batch)
+    zc = zoo_costs(graph, "p100")
+    return graph, zc.costs, zc.source, zc.cost_fn
 
 
 def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: float, gap: float,
@@ -121,11 +114,11 @@ def to_markdown(rows: list[dict], argv: list[str]) -> str:
     return head + md_table(list(df.columns), df.astype(str).values.tolist()) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or append) the solver section of ``path``."""
+def write_section(path: Path, text: str, section: str = SECTION) -> None:
+    """Replace (or append) the section headed ``section`` (default: the solver's) of ``path``."""
     old = path.read_text() if path.exists() else ""
-    if SECTION in old:
-        before, rest = old.split(SECTION, 1)
+    if section in old:
+        before, rest = old.split(section, 1)
         nxt = rest.find("\n## ")
         old = before + (rest[nxt + 1:] if nxt >= 0 else "")
     path.write_text(old.rstrip() + "\n\n" + text if old.strip() else text)

@@ -197,9 +197,11 @@ def test_profile_writes_table(model_arg, workdir, capsys):
     assert "slowest 3 of" in capsys.readouterr().out
 
 
-def test_zoo_list_is_honest(capsys):
+def test_zoo_list_runs(capsys):
+    """The shipped zoo lists its entries, or says it is empty (tests/test_zoo.py covers the rest)."""
     assert main(["zoo", "list"]) == 0
-    assert "no prebuilt schedules yet" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the zoo is empty" in out or ("predicted overhead" in out and "monet zoo get" in out)
 
 
 def test_console_script_exit_status(model_arg, workdir):

@@ -176,6 +176,7 @@ def test_distributed_data_parallel_wrap(solved, tmp_path):
 
 
 def test_zoo_prefix_explains(solved):
+    """An unknown zoo entry is a SolutionFileError naming it (tests/test_zoo.py uses real entries)."""
     model, *_ = solved
-    with pytest.raises(SolutionFileError, match="no prebuilt schedules"):
+    with pytest.raises(SolutionFileError, match="no zoo entry named 'resnet50-6GB'"):
         MONeTWrapper(copy.deepcopy(model), "zoo:resnet50-6GB", SHAPE)
