@@ -9,6 +9,7 @@ exit status 2, without a traceback; ``monet check`` exits with 1 when the schedu
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import math
@@ -46,7 +47,7 @@ commands:
   check     run a solution against plain PyTorch: gradients, measured peak memory, time overhead
   profile   measure every operator's time and workspace on a device, write the cost table (CSV)
   demo      the whole job on ResNet-50 (small batch and images) on the CPU, in about three minutes
-  zoo list  prebuilt schedules
+  zoo       prebuilt schedules: list, get NAME -o FILE, build, verify, plot
 
 examples:
   monet demo
@@ -67,6 +68,7 @@ examples:
   monet solve "torchvision.models.resnet50()" --batch-size 64 --min-budget -o r50_min.pkl
   monet solve my_net.py:build --batch-size 16 --input-shape 3,64,64 --budget 300MiB -o my_net.pkl
   monet solve resnet50 --batch-size 184 --budget 6GB --cost analytic --gpu-spec p100 -o r50_p100.pkl
+  monet solve resnet50 --batch-size 32 --input-shape 3,128,128 --budget 50% --autocast bf16 -o r50_bf16.pkl
 
 Progress goes to stderr; a summary of the solution to stdout (with --json, then one JSON line:
 status (optimal, time_limit or heuristic), objective, bound, gap, solve_time_s, budget_bytes,
@@ -85,7 +87,10 @@ Peak memory is one forward+backward iteration after warm-up, no optimizer step, 
 (CPU: the profiler's allocation events; CUDA: max_memory_allocated). Overhead is the median
 iteration time of the schedule over plain PyTorch's, interleaved in one process, minus 1.
 Exit status 1 when the measured peak exceeds the budget or a gradient differs by more than 1e-5
-(relative).
+(relative). A solution solved with --autocast is checked under that autocast (forward inside
+torch.autocast, backward outside, for both), with a tolerance of one unit of the 16-bit precision
+(bf16: 2^-7, fp16: 2^-10) for implementations that round differently; recomputation alone is
+bitwise.
 """
 
 _PROFILE_EPILOG = """\
@@ -101,10 +106,26 @@ finds it (keyed by the graph's fingerprint, the device name and the torch versio
 _DEMO_EPILOG = f"""\
 The demo builds {DEMO_MODEL} (the real architecture) at batch {DEMO_BATCH} and input
 {"x".join(map(str, DEMO_SHAPE))}, captures it, costs it (analytic times, workspace from a quick
-profile, cached), solves the ILP at 50 % of plain PyTorch's simulated peak (or at the smallest
-feasible budget the solver finds when 50 % is infeasible, and says so), then trains 3 SGD steps with
+profile, cached), solves the ILP at --budget (default 80 % of plain PyTorch's simulated peak: at
+this batch and input, parameters and their gradients are two thirds of the peak, so 80 % drops about
+60 % of the activations; the smallest feasible budget the solver finds is used instead, and said,
+when the budget is infeasible), then trains 3 SGD steps with
 the schedule and with plain PyTorch from the same weights and data, and prints the measured peaks,
 the overhead, the gradient difference and whether the losses are bit-identical.
+"""
+
+
+_ZOO_EPILOG = """\
+examples:
+  monet zoo list
+  monet zoo get resnet50-184-6GB -o resnet50_184_6GB.pkl
+  monet check zoo:resnet50-184-6GB --run-bs          # any solution path takes zoo:NAME
+  monet zoo build --time-limit 300                    # regenerate everything (hours on 2 cores)
+  monet zoo build --models vgg16 --budgets 10GB --time-limit 60 --out-dir /tmp/zoo
+  monet zoo verify                                    # every entry: loads, fingerprint, simulated peak
+  monet zoo plot -o docs/zoo_frontier.png --markdown BENCHMARKS.md
+
+In Python: MONeTWrapper(model, "zoo:resnet50-184-6GB", input_shape=(3, 224, 224)).
 """
 
 
@@ -264,11 +285,29 @@ def _device_spec(gpu_spec: str | None, device: str):
     return DeviceSpec.cpu_default()
 
 
-def _capture(model, x):
+def _autocast_dtype(name: str | None, device: str, on: str):
+    """The torch dtype of ``--autocast NAME`` for a schedule on ``device``, captured on ``on``."""
+    if not name:
+        return None
+    import torch
+
+    from monet.mixed_precision import CLI_NAMES
+
+    dtype = CLI_NAMES[name]
+    if dtype == "float16" and not device.startswith("cuda"):
+        raise CLIError("--autocast fp16 is for CUDA only (--device cuda): on the CPU use --autocast bf16")
+    if on.split(":")[0] != device.split(":")[0]:
+        raise CLIError(f"--autocast needs the graph captured on {device} itself (autocast's casts differ "
+                       f"between devices), but CUDA is not available here: solve on a machine with CUDA, "
+                       f"or use --device cpu")
+    return getattr(torch, dtype)
+
+
+def _capture(model, x, autocast_dtype=None):
     from monet.capture import CaptureError, capture
 
     try:
-        return capture(model, x)
+        return capture(model, x, autocast_dtype=autocast_dtype)
     except CaptureError as e:
         raise CLIError(str(e)) from None
     except ValueError as e:  # no output requires a gradient
@@ -297,7 +336,8 @@ def _solution_fields(meta) -> dict:
                 predicted_peak_bytes=meta.predicted_peak_bytes, eager_peak_bytes=meta.eager_peak_bytes,
                 predicted_overhead=overhead, model=meta.model, batch_size=meta.batch_size,
                 input_shape=list(meta.input_shape), dtype=meta.dtype, mode=meta.mode, solver=meta.solver,
-                device=meta.device, cost_source=meta.cost_source)
+                device=meta.device, cost_source=meta.cost_source,
+                autocast=meta.autocast[1] if getattr(meta, "autocast", None) else None)
 
 
 def _parse_budget(text: str, eager_peak_bytes: int | None = None) -> int:
@@ -332,11 +372,13 @@ def _cmd_solve(args) -> int:
     if not (device == "cpu" or device.startswith("cuda")):
         raise CLIError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
     on = device if (device == "cpu" or torch.cuda.is_available()) else "cpu"
+    amp = _autocast_dtype(args.autocast, device, on)
 
     with _step(f"building {args.model} (batch {args.batch_size}, input {shape})"):
         model, x = _build(args.model, args.batch_size, shape, on)
-    with _step("capturing the forward and backward graph") as s:
-        graph = _capture(model, x)
+    under = f" under {_dtype_name(amp)} autocast" if amp else ""
+    with _step(f"capturing the forward and backward graph{under}") as s:
+        graph = _capture(model, x, amp)
         s["note"] = graph.describe()
     with _step(f"costing ({args.cost})") as s:
         table = _costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
@@ -438,10 +480,12 @@ def _cmd_profile(args) -> int:
         raise CLIError(f"--repeats must be >= 1, got {args.repeats}")
     device = _resolve_device(args.device)
     shape = _input_shape(args.model, args.input_shape)
+    amp = _autocast_dtype(args.autocast, device, device)
     with _step(f"building {args.model} (batch {args.batch_size}, input {shape}) on {device}"):
         model, x = _build(args.model, args.batch_size, shape, device)
-    with _step("capturing the forward and backward graph") as s:
-        graph = _capture(model, x)
+    under = f" under {_dtype_name(amp)} autocast" if amp else ""
+    with _step(f"capturing the forward and backward graph{under}") as s:
+        graph = _capture(model, x, amp)
         s["note"] = graph.describe()
     with _step(f"profiling {len(graph.fwd) + len(graph.bwd)} operators on {device} "
                f"({args.repeats} timed runs each)"):
@@ -482,6 +526,7 @@ def _cmd_profile(args) -> int:
 def _cmd_check(args) -> int:
     import torch
 
+    from monet import mixed_precision
     from monet.profiling import check as chk
     from monet.solution import SolutionMismatchError, describe, load_solution
     from monet.wrapper import MONeTWrapper
@@ -498,6 +543,12 @@ def _cmd_check(args) -> int:
         device = _resolve_device(args.device)
     else:
         device = "cuda" if meta.device == "cuda" and torch.cuda.is_available() else "cpu"
+    amp = getattr(meta, "autocast", None)  # checked under the autocast it was solved for
+    if amp and torch.device(device).type != amp[0]:
+        raise CLIError(f"{args.file} was solved under {mixed_precision.describe(amp)}: check it with "
+                       f"--device {amp[0]}" + ("" if amp[0] == "cpu" or torch.cuda.is_available()
+                                               else " on a machine with CUDA"))
+    tolerance = GRAD_TOLERANCE if not amp else float(torch.finfo(getattr(torch, amp[1])).eps)
     print(describe(sol))
     try:
         dtype = getattr(torch, meta.dtype)
@@ -505,7 +556,7 @@ def _cmd_check(args) -> int:
         raise CLIError(f"{args.file}: unknown dtype {meta.dtype!r}") from None
     with _step(f"building {model_name} (batch {meta.batch_size}, input {meta.input_shape}) on {device}"):
         model, x = _build(model_name, meta.batch_size, meta.input_shape, device, dtype=dtype)
-        g = chk.output_grad(model, x)
+        g = chk.output_grad(model, x, autocast=amp)
 
     def wrapped_model():
         return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
@@ -516,18 +567,19 @@ def _cmd_check(args) -> int:
     try:
         if want_diff:
             with _step("comparing gradients with plain PyTorch (one iteration, same weights and RNG)"):
-                diff, equal, bequal = chk.compare_gradients(lambda: copy.deepcopy(model), wrapped_model, x, g)
+                diff, equal, bequal = chk.compare_gradients(lambda: copy.deepcopy(model), wrapped_model, x, g,
+                                                            autocast=amp)
             results.update(grad_rel_error=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
         if want_bs or want_rt:
             wrapped, plain = wrapped_model(), copy.deepcopy(model)
         if want_bs:
             with _step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
-                results["peak_bytes"] = chk.measure_iteration_peak(wrapped, x, g)
-                results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(plain, x, g)
+                results["peak_bytes"] = chk.measure_iteration_peak(wrapped, x, g, autocast=amp)
+                results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(plain, x, g, autocast=amp)
         if want_rt:
             with _step(f"timing the schedule against plain PyTorch ({args.repeats} interleaved iterations)"):
                 frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats,
-                                            warmup=0 if want_bs else 1)
+                                            warmup=0 if want_bs else 1, autocast=amp)
             results.update(overhead=frac, median_time_s=tw, eager_median_time_s=tp)
     except SolutionMismatchError as e:
         raise CLIError(f"{args.file} does not fit {model_name}: {e}") from None
@@ -538,9 +590,9 @@ def _cmd_check(args) -> int:
         failures.append(f"measured peak {peak} bytes ({_size(peak)}) exceeds the budget {budget} bytes "
                         f"({_size(budget)})")
     diff = results["grad_rel_error"]
-    if diff is not None and not diff <= GRAD_TOLERANCE:
+    if diff is not None and not diff <= tolerance:
         failures.append(f"gradients differ from plain PyTorch by {diff:.3g} (relative), more than "
-                        f"{GRAD_TOLERANCE:g}")
+                        f"{tolerance:g}" + (f" (one unit of {amp[1]} precision)" if amp else ""))
 
     rows = [("budget", _mib(budget)), ("predicted peak (schedule)", _mib(meta.predicted_peak_bytes)),
             ("simulated peak (plain PyTorch)", _mib(meta.eager_peak_bytes))]
@@ -588,7 +640,7 @@ def _cmd_demo(args) -> int:
     from monet.profiling import check as chk
     from monet.solution import describe
     from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.solve import eager_peak, solve
+    from monet.solver.solve import eager_peak, same_kernels_solution, solve
     from monet.wrapper import MONeTWrapper
     from monet.zoo.models import MODELS
 
@@ -615,10 +667,10 @@ def _cmd_demo(args) -> int:
     mode = "inplace_conv_multiway_newnode"
     kw = dict(time_limit=args.time_limit, info=None, device=device.split(":")[0], cost_fn=cost_fn)
     eager = eager_peak(graph, costs)
-    budget = int(0.5 * eager)
+    budget = _parse_budget(args.budget, eager)
     kw["info"] = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
                       dtype=_dtype_name(x.dtype), device=device.split(":")[0])
-    _log(f"plain PyTorch's simulated peak: {_size(eager)}; target budget 50 %: {_size(budget)}")
+    _log(f"plain PyTorch's simulated peak: {_size(eager)}; target budget {args.budget}: {_size(budget)}")
     note = ""
     try:
         with _step(f"solving the ILP at {_size(budget)} (mode {mode}, CBC, time limit {args.time_limit:g} s)") as s:
@@ -629,7 +681,7 @@ def _cmd_demo(args) -> int:
                 if e.min_budget_bytes is None:
                     raise
                 s["note"] = "infeasible"
-                note = (f"50 % of plain PyTorch's peak ({_size(budget)}) is infeasible for this model: "
+                note = (f"the budget {args.budget} ({_size(budget)}) is infeasible for this model: "
                         f"solved at the smallest feasible budget found, {_size(e.min_budget_bytes)} "
                         f"({100 * e.min_budget_bytes / eager:.0f} %)")
                 budget = e.min_budget_bytes
@@ -646,6 +698,12 @@ def _cmd_demo(args) -> int:
     tokens = args.model in MODELS and MODELS[args.model].input_kind == "tokens"
     plain = copy.deepcopy(model)
     wrapped = MONeTWrapper(copy.deepcopy(model), sol, shape)
+    # implementations with other arithmetic than PyTorch's change gradients by themselves; the
+    # same implementations without the schedule (keep everything) separate their effect from the
+    # schedule's
+    impls = collections.Counter(sol.schedule.impl.values())
+    same = (MONeTWrapper(copy.deepcopy(model), same_kernels_solution(graph, costs, sol, kw["device"], cost_fn), shape)
+            if impls else None)
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
     opt_w = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
     gen = torch.Generator().manual_seed(1)
@@ -654,10 +712,12 @@ def _cmd_demo(args) -> int:
     n_classes = out_shape[-1] if tokens else out_shape[1]
     target_shape = out_shape[:-1] if tokens else (out_shape[0], *out_shape[2:])
     target = torch.randint(0, n_classes, tuple(target_shape), generator=gen).to(device)
-    losses_p, losses_w, grad_diff = [], [], 0.0
+    losses_p, losses_w, losses_s, grad_diff, same_diff = [], [], [], 0.0, 0.0
+    opt_s = torch.optim.SGD(same.parameters(), lr=0.01, momentum=0.9) if same is not None else None
+    runs = [(wrapped, opt_w, losses_w), (plain, opt_p, losses_p)] + ([(same, opt_s, losses_s)] if same else [])
     with _step(f"training {args.steps} SGD steps with the schedule and with plain PyTorch"):
         for step in range(args.steps):
-            for m, opt, acc in ((wrapped, opt_w, losses_w), (plain, opt_p, losses_p)):
+            for m, opt, acc in runs:
                 torch.manual_seed(step)
                 opt.zero_grad(set_to_none=True)
                 loss = _loss(m(x), target, tokens)
@@ -667,8 +727,13 @@ def _cmd_demo(args) -> int:
             gw = {i: p.grad for i, p in enumerate(wrapped.parameters()) if p.grad is not None}
             gp = {i: p.grad for i, p in enumerate(plain.parameters()) if p.grad is not None}
             grad_diff = max(grad_diff, chk.grad_rel_error(gw, gp))
+            if same is not None:
+                gs = {i: p.grad for i, p in enumerate(same.parameters()) if p.grad is not None}
+                same_diff = max(same_diff, chk.grad_rel_error(gw, gs))
             opt_w.step()
             opt_p.step()
+            if opt_s is not None:
+                opt_s.step()
             _log(f"  step {step + 1}: loss {losses_w[-1].item():.6f} (schedule), "
                  f"{losses_p[-1].item():.6f} (plain PyTorch)")
     identical = all(torch.equal(a, b) for a, b in zip(losses_w, losses_p))
@@ -682,14 +747,23 @@ def _cmd_demo(args) -> int:
     rows = [("model", f"{args.model}, batch {args.batch_size}, input {'x'.join(map(str, shape))}, {device}"),
             ("plain PyTorch peak (measured)", _mib(peak_p)),
             ("monet peak (measured)", _mib(peak_w)),
-            ("budget", _mib(budget) + (" (smallest feasible found)" if note else " (50 % of simulated plain peak)")),
+            ("budget", _mib(budget) + (" (smallest feasible found)" if note
+                                       else f" ({args.budget} of simulated plain peak)")),
             ("monet peak (predicted)", _mib(sol.meta.predicted_peak_bytes)),
             ("memory saved", f"{100 * (1 - peak_w / peak_p):.1f} %"),
             ("overhead (measured)", f"{_pct(frac)} ({1e3 * tw:.0f} ms vs {1e3 * tp:.0f} ms per iteration)"),
             ("overhead (predicted)", _pct(sol.meta.objective_s / sol.meta.eager_time_s - 1)
              if sol.meta.eager_time_s else "-"),
+            ("implementations other than PyTorch's", ", ".join(f"{k} x{n}" for k, n in sorted(impls.items()))
+             or "none"),
             ("gradient difference (relative, all gradients)", f"{grad_diff:.3g}"),
-            (f"losses bit-identical ({args.steps} steps)", "yes" if identical else "no"),
+            (f"losses bit-identical ({args.steps} steps)", "yes" if identical else "no")]
+    if same is not None:
+        rows += [("  the same implementations without the schedule:", ""),
+                 ("  gradient difference (relative)", f"{same_diff:.3g}"),
+                 (f"  losses bit-identical ({args.steps} steps)",
+                  "yes" if all(torch.equal(a, b) for a, b in zip(losses_w, losses_s)) else "no")]
+    rows += [
             ("within budget", "yes" if peak_w <= budget else "NO")]
     print()
     print(_table(rows))
@@ -711,11 +785,111 @@ def _cmd_bench_solver(args) -> int:
 
 
 def _cmd_zoo(args) -> int:
-    if args.zoo_command == "list":
-        print("no prebuilt schedules yet: make one with 'monet solve MODEL --batch-size B --budget X -o FILE'")
+    return {"list": _zoo_list, "get": _zoo_get, "build": _zoo_build, "verify": _zoo_verify,
+            "plot": _zoo_plot}[args.zoo_command](args)
+
+
+def _zoo_list(args) -> int:
+    from monet.zoo.index import index_path, list_entries, load_index
+
+    records = load_index()
+    if args.json:
+        _print_json({"entries": records, "index": str(index_path())})
         return 0
-    raise CLIError(f"no prebuilt schedule named {args.name!r}: the zoo has no prebuilt schedules yet; "
-                   "make one with 'monet solve'")
+    if not records:
+        print(f"the zoo is empty ({index_path()} has no entries): build it with 'monet zoo build'")
+        return 0
+    print(list_entries().to_string(index=False))
+    print(f"{len(records)} {'entry' if len(records) == 1 else 'entries'}; 'monet zoo get NAME -o FILE' writes one, "
+          "MONeTWrapper(model, \"zoo:NAME\", input_shape) uses one")
+    return 0
+
+
+def _zoo_get(args) -> int:
+    import shutil
+
+    from monet.solution import describe
+    from monet.zoo.index import get, path_of
+
+    sol = get(args.name)  # unknown names and unreadable files fail here, before writing anything
+    src = path_of(args.name)
+    print(describe(sol))
+    if args.output:
+        out = Path(args.output)
+        if not out.parent.is_dir():
+            raise CLIError(f"cannot write {out}: the folder {out.parent} does not exist")
+        shutil.copyfile(src, out)
+        _log(f"wrote {out}")
+    else:
+        print(f"file: {src}  (use -o FILE to copy it)")
+    if args.json:
+        _print_json({**_solution_fields(sol.meta), "name": args.name, "output": args.output, "file": str(src)})
+    return 0
+
+
+def _zoo_build(args) -> int:
+    from monet.zoo import build as zb
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()] if args.budgets else None
+    if args.jobs < 1:
+        raise CLIError(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        configs = zb._select(models, budgets)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    records, failures = zb.build(configs, root=args.out_dir, time_limit=args.time_limit, gap=args.gap,
+                                 solver=args.solver, jobs=args.jobs, skip_existing=args.skip_existing,
+                                 solver_log=not args.quiet)
+    for f in failures:
+        print(f"monet zoo: failed: {f}", file=sys.stderr)
+    if args.json:
+        _print_json({"entries": len(records), "failures": failures})
+    return EXIT_CHECK_FAILED if failures else 0
+
+
+def _zoo_verify(args) -> int:
+    from monet.zoo import build as zb
+    from monet.zoo.index import entry, load_index
+
+    records = load_index(args.root)
+    if args.names:
+        records = [entry(name, args.root) for name in args.names]  # an unknown name lists the entries
+    graphs: dict = {}
+    results, bad = [], []
+    for r in records:
+        key = (r["model"], r["batch_size"], tuple(r["input_shape"]))
+        if key not in graphs:
+            with _step(f"capturing {r['model']} batch {r['batch_size']} (meta device)"):
+                graphs[key] = zb.capture_config(*key)
+        res = zb.verify(r["name"], graphs[key], args.root)
+        results.append(res)
+        ok = res["fits"] and res["matches_prediction"]
+        if not ok:
+            bad.append(r["name"])
+        print(f"{r['name']}: simulated peak {_size(res['peak_bytes'])}, budget {_size(res['budget_bytes'])}, "
+              f"{'ok' if ok else 'FAILED (' + ('over budget' if not res['fits'] else 'differs from the recorded prediction') + ')'}")
+    print(f"{len(results) - len(bad)} of {len(results)} entries pass")
+    if args.json:
+        _print_json({"results": results, "failed": bad})
+    return EXIT_CHECK_FAILED if bad else 0
+
+
+def _zoo_plot(args) -> int:
+    from monet.zoo import build as zb
+    from monet.zoo.index import load_index
+
+    records = load_index(args.root)
+    if not records:
+        raise CLIError("the zoo is empty: build it with 'monet zoo build' first")
+    out = zb.plot_frontier(records, args.output)
+    _log(f"wrote {out}")
+    if args.markdown:
+        zb.write_markdown(records, args.markdown, out)
+        _log(f"wrote the zoo section of {args.markdown}")
+    else:
+        print(zb.markdown_table(records))
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -781,6 +955,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "workspace from a quick run of every operator on --device (cached); "
                         "profile: times and workspace measured on --device (cached)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
+    p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
+                   help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
+                        "or float16) (fp16 on CUDA only); the solution then runs only inside that "
+                        "autocast (default: no autocast)")
     p.add_argument("--gpu-spec", default=None, metavar="NAME",
                    help="roofline preset for --cost analytic: p100, v100, a100, h100, h100-pcie, "
                         "h200 (default: the CPU's, or the visible GPU's with --device cuda)")
@@ -818,6 +996,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_PROFILE_EPILOG, formatter_class=_Formatter)
     model_args(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
+                   help="profile the graph captured under torch.autocast (as monet solve --autocast)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per operator (the median is kept)")
     p.add_argument("--warmup", type=int, default=2, help="discarded runs per operator before timing")
     p.add_argument("--top", type=int, default=15, help="how many of the slowest operators to list")
@@ -839,7 +1019,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available)")
     p.add_argument("--steps", type=int, default=3, help="SGD steps to train")
     p.add_argument("--repeats", type=int, default=3, help="timed iterations of each for the overhead")
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="solver time limit per solve")
+    p.add_argument("--budget", default="80%", help='memory budget, as for monet solve ("80%%", "200MiB", bytes)')
+    p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit per solve")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
     p.set_defaults(func=_cmd_demo)
@@ -853,14 +1034,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench_solver)
 
     # zoo
-    p = sub.add_parser("zoo", help="prebuilt schedules (none yet)",
-                       description="Prebuilt schedules. None are shipped yet.")
+    p = sub.add_parser("zoo", help="prebuilt schedules: list, get, build, verify, plot",
+                       description="Prebuilt schedules for MONeT's configurations (ResNet-50 184, GoogLeNet 320,\n"
+                                   "UNet 11, MobileNetV2 272, VGG-16 176 at 10 ... 5 GB; GPT-2 small 8 at 50 and\n"
+                                   "33 % of its plain peak). Use one as \"zoo:NAME\" wherever a solution file goes.",
+                       epilog=_ZOO_EPILOG, formatter_class=_Formatter)
     zoo = p.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND")
     zoo.required = True
-    zoo.add_parser("list", help="list the prebuilt schedules")
-    g = zoo.add_parser("get", help="write a prebuilt schedule to a file")
-    g.add_argument("name", metavar="NAME")
-    g.add_argument("-o", "--output", metavar="FILE")
+    z = zoo.add_parser("list", help="table of the prebuilt schedules")
+    z.add_argument("--json", action="store_true", help="print the index records as one JSON object")
+    z = zoo.add_parser("get", help="describe a prebuilt schedule, or copy it to a file with -o")
+    z.add_argument("name", metavar="NAME", help="entry name from 'monet zoo list', e.g. resnet50-184-6GB")
+    z.add_argument("-o", "--output", metavar="FILE", help="write the solution file here")
+    z.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    from monet.zoo.build import BATCH, DEFAULT_TIME_LIMIT
+
+    z = zoo.add_parser("build", help="(re)generate the zoo: capture, cost, solve every entry, write the index",
+                       formatter_class=_Formatter,
+                       description="Regenerate the prebuilt schedules and index.json (in the installed zoo\n"
+                                   "unless --out-dir). Costs: a profile in zoo/profiles/ for the graph, else the\n"
+                                   "analytic P100 roofline. An infeasible budget is logged with the smallest\n"
+                                   "feasible one, and one '<model>-<batch>-min' entry is made at that budget.")
+    z.add_argument("--models", default=None, metavar="M1,M2",
+                   help=f"comma-separated models (default: all: {', '.join(BATCH)})")
+    z.add_argument("--budgets", default=None, metavar="B1,B2",
+                   help="budgets instead of each model's own (default 10GB ... 5GB for the CNNs, 50%%,33%% for GPT-2)")
+    z.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S", help="seconds per solve")
+    z.add_argument("--gap", type=float, default=0.02, metavar="FRACTION",
+                   help="stop a solve once proven within this fraction of the bound")
+    z.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC", help="MILP solver")
+    z.add_argument("--jobs", "-j", type=int, default=1, help="models solved in parallel, one process each")
+    z.add_argument("--skip-existing", action="store_true",
+                   help="keep entries already built for the same graph (resume an interrupted build)")
+    z.add_argument("--quiet", action="store_true", help="no solver progress lines, only one line per entry")
+    z.add_argument("--out-dir", type=Path, default=None, metavar="DIR",
+                   help="zoo folder to write (index.json, schedules/); default the installed zoo")
+    z.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    z = zoo.add_parser("verify", help="check entries: load, graph fingerprint, simulated peak within budget")
+    z.add_argument("names", nargs="*", metavar="NAME", help="entries to check (default: all)")
+    z.add_argument("--root", type=Path, default=None, metavar="DIR", help="zoo folder (default the installed zoo)")
+    z.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    z = zoo.add_parser("plot", help="plot the predicted frontier (peak vs overhead) per model; markdown table")
+    z.add_argument("-o", "--output", required=True, metavar="FILE.png", help="PNG to write")
+    z.add_argument("--markdown", type=Path, default=None, metavar="FILE.md",
+                   help="(re)write the '## Schedule zoo' section of this file (e.g. BENCHMARKS.md)")
+    z.add_argument("--root", type=Path, default=None, metavar="DIR", help="zoo folder (default the installed zoo)")
     p.set_defaults(func=_cmd_zoo)
     return parser
 
