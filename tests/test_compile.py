@@ -21,11 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
-from monet.capture import capture
-from monet.profiling.costs import analytic_costs, costs_for
-from monet.solver.solve import eager_peak, solve
 from monet.wrapper import MONeTWrapper
-from usernet import UserNet
+from usernet import solved_usernet
 
 SHAPE = (3, 16, 16)
 BATCH = 8
@@ -34,14 +31,10 @@ BATCH = 8
 @pytest.fixture(scope="module")
 def solved():
     torch.manual_seed(0)
-    model = UserNet()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, *SHAPE, generator=gen)
     y = torch.randint(0, 5, (BATCH,), generator=gen)
-    graph = capture(model, x)
-    costs = costs_for(graph, analytic_costs(graph))
-    sol = solve(graph, costs, int(0.7 * eager_peak(graph, costs)), "normal", time_limit=20,
-                info=dict(model="UserNet", batch_size=BATCH, input_shape=SHAPE, dtype="float32"))
+    model, _, _, sol = solved_usernet(x)
     assert sol.schedule.recompute_count() > 0
     return model, x, y, sol
 

@@ -11,12 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from monet.capture import CaptureError, capture
-from monet.profiling.costs import analytic_costs, costs_for
 from monet.solution import MAGIC, FORMAT_VERSION, SolutionFileError, SolutionMismatchError, save_solution
 from monet.solver.ilp import InfeasibleBudgetError
-from monet.solver.solve import eager_peak, solve
+from monet.solver.solve import solve
 from monet.wrapper import MONeTWrapper
-from usernet import UserNet
+from usernet import UserNet, solved_usernet
 
 
 SHAPE = (3, 16, 16)
@@ -26,13 +25,8 @@ BATCH = 8
 @pytest.fixture(scope="module")
 def solved():
     torch.manual_seed(0)
-    model = UserNet()
     x = torch.randn(BATCH, *SHAPE)
-    graph = capture(model, x)
-    costs = costs_for(graph, analytic_costs(graph))
-    budget = int(0.7 * eager_peak(graph, costs))
-    sol = solve(graph, costs, budget, "normal", time_limit=20,
-                info=dict(model="UserNet", batch_size=BATCH, input_shape=SHAPE, dtype="float32"))
+    model, graph, costs, sol = solved_usernet(x)
     return model, x, graph, costs, sol
 
 

@@ -31,3 +31,19 @@ class UserNet(nn.Module):
         r.add_(y)  # in-place residual add
         z = F.relu_(r)  # in-place activation
         return self.head(self.drop(z.mean(dim=(2, 3))))
+
+
+def solved_usernet(x: torch.Tensor, fraction: float = 0.7, time_limit: float = 20):
+    """(UserNet seeded with 0, its graph at ``x`` (B, 3, H, W), analytic costs, a normal-mode
+    solution at ``fraction`` of plain PyTorch's simulated peak): the schedule tests share."""
+    from monet.capture import capture
+    from monet.profiling.costs import analytic_costs, costs_for
+    from monet.solver.solve import eager_peak, solve
+
+    torch.manual_seed(0)
+    model = UserNet()
+    graph = capture(model, x)
+    costs = costs_for(graph, analytic_costs(graph))
+    sol = solve(graph, costs, int(fraction * eager_peak(graph, costs)), "normal", time_limit=time_limit,
+                info=dict(model="UserNet", batch_size=x.shape[0], input_shape=tuple(x.shape[1:]), dtype="float32"))
+    return model, graph, costs, sol
