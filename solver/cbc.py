@@ -67,6 +67,11 @@ def _messages(stream, q: queue.Queue) -> None:
         q.put(None)
 
 
+def _worker_command() -> list[str]:
+    """The child process that runs one solve (`monet.solver.cbc_worker`)."""
+    return [sys.executable, "-m", "monet.solver.cbc_worker"]
+
+
 def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
               start: dict | None = None, progress=None, every_s: float = 5.0,
               params: dict | None = None, verbose: bool = False, shown_offset: float = 0.0) -> MilpOutcome:
@@ -145,8 +150,7 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
     # (a "mini branch and bound" ran 20 s past a 27 s limit on ResNet-50, then gave the only
     # integer schedule); a child that has not answered by twice the limit plus 5 s is stopped
     deadline = t0 + 2 * time_limit + 5.0
-    child = subprocess.Popen([sys.executable, "-m", "monet.solver.cbc_worker"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
+    child = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_messages, args=(child.stdout, q), daemon=True).start()
     try:

@@ -98,3 +98,24 @@ def test_cbc_driver_uses_the_start_and_reports_bound_and_progress():
     assert lines and "incumbent" in lines[-1]
     infeasible = cp.Problem(cp.Minimize(cp.sum(x)), [cp.sum(x) >= 7])
     assert solve_cbc(infeasible, time_limit=10).status in ("infeasible", "no_integer")
+
+
+@pytest.mark.parametrize("child, says", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "exit status -11"),  # CBC crashed
+    ("import time; time.sleep(60)", "did not answer"),  # CBC ran past its deadline
+])
+def test_cbc_crash_or_hang_is_a_lost_solve_not_a_dead_process(monkeypatch, child, says):
+    import sys
+
+    import cvxpy as cp
+
+    import monet.solver.cbc as cbc
+
+    monkeypatch.setattr(cbc, "_worker_command", lambda: [sys.executable, "-c", child])
+    x = cp.Variable(3, boolean=True)
+    problem = cp.Problem(cp.Minimize(cp.sum(x)), [cp.sum(x) >= 1])
+    lines = []
+    out = cbc.solve_cbc(problem, time_limit=0.5, progress=lines.append)
+    assert out.status == "no_integer" and out.objective is None
+    assert says in out.detail and any(says in line for line in lines)
+    assert out.solve_time_s < 30
