@@ -522,7 +522,9 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     elif mem.n_options:
         # the caller (solver.solve.solve_full) fixes the implementations and repairs
         frac = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
-        return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=None, gap=None, status="no_integer",
+        # the bound (LP relaxation's, or CBC's) still bounds the joint problem for the caller
+        bound = None if run.bound is None else run.bound + constant_s
+        return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=bound, gap=None, status="no_integer",
                          solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
                          n_constraints=int(n_cons), solver=solver.upper(), M=frac, history=run.history)
     else:

@@ -45,6 +45,15 @@ def test_shipped_index_is_well_formed():
         assert r["predicted_peak_bytes"] <= r["budget_bytes"], r["name"]
 
 
+def test_shipped_frontier_is_monotone():
+    """Per model, an entry at a larger budget is never slower than one at a smaller budget (the
+    build hands a faster schedule to every budget it fits)."""
+    for model in {r["model"] for r in SHIPPED}:
+        rows = sorted((r for r in SHIPPED if r["model"] == model), key=lambda r: r["budget_bytes"])
+        for small, large in zip(rows, rows[1:]):
+            assert large["objective_s"] <= small["objective_s"] * (1 + 1e-9), (small["name"], large["name"])
+
+
 @pytest.mark.parametrize("name", [r["name"] for r in SHIPPED])
 def test_shipped_entry_loads_matches_and_fits(name):
     """Loads with the restricted unpickler, was made for its zoo model's graph at its batch and

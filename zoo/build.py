@@ -372,6 +372,30 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
         except Exception as e:  # noqa: BLE001 - one failed entry must not end the build
             failures.append(f"{name}: {type(e).__name__}: {e}")
             _log(f"{name}: FAILED: {type(e).__name__}: {e}")
+    # the other direction: a schedule solved at a smaller budget that is faster than a larger
+    # budget's (each solve stops at its time limit, so the frontier need not come out monotone)
+    by_name = dict(built)
+    for i, rec in enumerate(records):
+        own = by_name.get(rec["name"])
+        if own is None:
+            continue
+        fits = [(n, s) for n, s in built if s.meta.predicted_peak_bytes <= rec["budget_bytes"] and n != rec["name"]]
+        best = min(fits, key=lambda ns: ns[1].meta.objective_s, default=None)
+        if best is not None and best[1].meta.objective_s < own.meta.objective_s * (1 - 1e-9):
+            _log(f"{rec['name']}: {best[0]}'s schedule fits this budget and is faster "
+                 f"({best[1].meta.objective_s:.4f} s vs {own.meta.objective_s:.4f} s): using it")
+            sol = _reuse(best[1], rec["budget_bytes"], best[0])
+            # a smaller budget's bound is no bound here (a larger budget admits more schedules):
+            # this budget's own solve gives the bound, and the gap against it
+            m = sol.meta
+            m.bound_s = own.meta.bound_s
+            m.gap = None if m.bound_s is None else max(0.0, 1 - m.bound_s / m.objective_s)
+            m.status = "gap" if m.gap is not None and m.gap <= ctx.gap else "heuristic"
+            new = _save_entry(sol, cfg, rec["budget"], ctx, rec.get("wall_s", 0.0),
+                              substitute_for=rec.get("substitute_for") or None)
+            records[i] = new
+            by_name[rec["name"]] = sol
+            emit(new)
     return records, failures
 
 
