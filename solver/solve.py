@@ -243,13 +243,14 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  Two solves share
     ``time_limit`` (seconds, wall clock):
 
-    1. the normal-mode ILP with PyTorch's implementations, and again with the cheap memory-lean
-       implementations fixed (`lean_impls` with ``cheap=True``), on 30 % of the limit each.  These
-       ILPs are smaller and CBC (or the repaired LP rounding) gives schedules for them; the joint
-       ILP on ResNet-50 (57,000 variables) often finds none in a minute (see BENCHMARKS.md,
-       "Solver at full scale"), and its own fallbacks then gave schedules 4-8x slower than plain
-       PyTorch;
-    2. the joint ILP on the rest; the fastest schedule is returned (status "gap" when it is within
+    1. the joint ILP on 40 % of the limit; its schedule is returned at once when proven within
+       ``gap`` (small graphs);
+    2. otherwise the normal-mode ILP with PyTorch's implementations, and again with the cheap
+       memory-lean implementations fixed (`lean_impls` with ``cheap=True``), on 30 % of the limit
+       each.  These ILPs are smaller and CBC (or the repaired LP rounding) gives schedules for them;
+       the joint ILP on ResNet-50 (57,000 variables) often finds none in a minute (see
+       BENCHMARKS.md, "Solver at full scale"), and its own fallbacks gave schedules 4-8x slower
+       than plain PyTorch.  The fastest schedule is returned (status "gap" when it is within
        ``gap`` of the joint ILP's bound, else "heuristic" for a fixed-implementation one).
 
     When neither finds a schedule, the normal-mode ILP runs on the fully memory-lean
@@ -275,8 +276,22 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
         return solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose, **ref)
     fixed = fixed_time(graph, costs, options)
     t0 = time.perf_counter()
-    # normal mode (PyTorch's implementations) and the cheap lean implementations fixed, 30 % of the
-    # limit each: both are schedules of the joint problem, so full mode is never slower than normal
+    # the joint ILP first, on 40 % of the limit: on small graphs it is proven optimal at once and
+    # nothing else runs; otherwise normal mode (PyTorch's implementations) and the cheap lean
+    # implementations fixed get 30 % each, and the fastest of the three wins (both fixed ones are
+    # schedules of the joint problem, so full mode is never slower than normal mode)
+    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver,
+                    time_limit=max(1.0, 0.4 * time_limit), constant_s=fixed, verbose=verbose,
+                    peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
+    sol = None
+    if res.status != "no_integer":
+        g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
+        sol = _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
+                      objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
+                      solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
+                      eager_time=eager_time)
+        if res.status in ("optimal", "gap"):
+            return sol
     first = None
     cheap = lean_impls(options, cheap=True)
     for impls in ([{}, cheap] if cheap else [{}]):
@@ -284,15 +299,8 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
                             verbose, ref)
         if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
             first = cand
-    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver, time_limit=left(),
-                    constant_s=fixed, verbose=verbose, peak_of=simulated_peak_fn(graph, costs, mem, inplace),
-                    gap=gap, progress=progress)
-    if res.status != "no_integer":
-        g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
-        sol = _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
-                      objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                      solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
-                      eager_time=eager_time)
+    if sol is not None:
+        sol.meta.solve_time_s = time.perf_counter() - t0
         return _better(sol, first, res.bound_s, gap)
     if first is not None:
         first.meta.solve_time_s = time.perf_counter() - t0
@@ -358,7 +366,23 @@ def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_li
     """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N)) of the
     smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
     memory-lean implementations (`lean_impls`) if that is smaller.  ``time_limit`` (wall clock)
-    covers both: two thirds for the joint ILP, the rest for the lean one."""
+    covers both: two thirds for the joint ILP, the rest for the lean one.
+
+    Cached on the graph per (mode, solver, device, costs, cost_fn): ``monet solve --min-budget``
+    searches, then solves at the budget found, and a full-mode solve that finds nothing at that
+    budget falls back to this very schedule instead of a second, time-limited search that may
+    stop at a larger budget."""
+    cache = graph.__dict__.setdefault("_monet_smallest", {})
+    key = (mode, solver.upper(), device, id(costs), id(cost_fn))
+    if key not in cache:
+        cache[key] = (costs, cost_fn, _search_smallest(graph, costs, mode, solver, time_limit, device, cost_fn,
+                                                       progress))
+    return cache[key][2]
+
+
+def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
+                     cost_fn=None, progress=None):
+    """`_smallest` without its cache."""
     t_end = time.perf_counter() + time_limit
     tokens = mode_tokens(mode)
     inplace = "inplace" in tokens
