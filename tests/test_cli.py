@@ -89,7 +89,10 @@ def test_solve_json(solved):
     assert result["status"] in ("optimal", "gap", "time_limit", "heuristic")
     assert result["output"] == str(out)
     assert result["predicted_peak_bytes"] <= result["budget_bytes"] == int(0.8 * result["eager_peak_bytes"])
-    assert result["bound"] <= result["objective"] + 1e-12
+    if result["status"] in ("optimal", "gap"):  # a proven schedule comes with its bound
+        assert result["bound"] is not None and result["gap"] is not None
+    if result["bound"] is not None:  # a heuristic schedule may beat the ILP's bound: then none is given
+        assert result["bound"] <= result["objective"] + 1e-12
     for step in ("capturing", "costing", "solving"):
         assert step in stderr
     sol = load_solution(out)
