@@ -293,8 +293,10 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     first = None
     cheap = lean_impls(options, cheap=True)
     for impls in ([{}, cheap] if cheap else [{}]):
-        cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, max(1.0, 0.3 * time_limit),
-                            verbose, ref)
+        # up to 10 s, normal mode gets the whole limit, as a normal-mode solve would (its schedule
+        # is the one full mode must not lose to); beyond that 30 %
+        share = time_limit if not impls and time_limit <= 10 else max(1.0, 0.3 * time_limit)
+        cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, share, verbose, ref)
         if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
             first = cand
     if sol is not None:
