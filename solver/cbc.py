@@ -81,8 +81,8 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
         time_limit: wall-clock seconds for the whole call.  CBC's clock (``-timeMode elapsed
             -seconds``) does not cover its preprocessing, first LP and root cuts, which overran a
             limit by 10-25 s on ResNet-50 (48,000 variables), so CBC gets 70 % of it, and the
-            child process is stopped (status "no_integer", see ``detail``) at twice the limit
-            plus 5 s.
+            child process is stopped (status "no_integer", see ``detail``) 2 s after the limit:
+            its start schedule then stands.
         gap_abs: stop when incumbent - bound <= this (model units; CBC's ``-allowableGap``).
         start: {cvxpy Variable: values} of a feasible schedule (CBC's MIP start); variables left
             out are computed by CBC.  A start that violates a constraint is dropped by CBC.
@@ -149,7 +149,7 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
     # CBC's clock (70 % of the limit) misses its preprocessing and its heuristics' sub-searches
     # (a "mini branch and bound" ran 20 s past a 27 s limit on ResNet-50, then gave the only
     # integer schedule); a child that has not answered by twice the limit plus 5 s is stopped
-    deadline = t0 + 2 * time_limit + 5.0
+    deadline = t0 + time_limit + 2.0
     child = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_messages, args=(child.stdout, q), daemon=True).start()

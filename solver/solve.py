@@ -240,22 +240,25 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
                cost_fn=None, progress=None, gap: float = 0.0) -> Solution:
     """MONeT's ILP choosing operator implementations jointly with checkpoints (Sec. 4).
 
-    ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  Two solves share
+    ``mode`` names the implementation kinds allowed (`monet.impls.mode_tokens`).  The solves share
     ``time_limit`` (seconds, wall clock):
 
-    1. the joint ILP on 40 % of the limit;
-    2. the normal-mode ILP with PyTorch's implementations, and again with the cheap
-       memory-lean implementations fixed (`lean_impls` with ``cheap=True``), on 30 % of the limit
-       each.  These ILPs are smaller and CBC (or the repaired LP rounding) gives schedules for them;
-       the joint ILP on ResNet-50 (57,000 variables) often finds none in a minute (see
-       BENCHMARKS.md, "Solver at full scale"), and its own fallbacks gave schedules 4-8x slower
-       than plain PyTorch.  The fastest schedule is returned (status "gap" when it is within
-       ``gap`` of the joint ILP's bound, else "heuristic" for a fixed-implementation one).
+    1. the joint ILP on 40 % of the limit: its LP relaxation is the bound reported for every
+       schedule;
+    2. the normal-mode ILP with PyTorch's implementations, and again with the cheap memory-lean
+       implementations fixed (`lean_impls` with ``cheap=True``), each on half of what is left.
+       These ILPs are smaller, and CBC or the improved repaired schedules give schedules for them;
+       the joint ILP on ResNet-50 (91,000 variables) finds none in a minute (see BENCHMARKS.md,
+       "Solver at full scale"): its own improved start, with PyTorch's implementations, competes.
+    3. Only when none of these fits: the fully memory-lean implementations (or those the
+       relaxation leans to), then the smallest-budget search.
 
-    When neither finds a schedule, the normal-mode ILP runs on the fully memory-lean
-    implementations (`lean_impls`, or the rounded relaxation's choice), and then the smallest budget
-    is searched.  A fallback solve gets at least half the limit (up to 5 s), so the total can
-    overrun ``time_limit`` by that much.
+    The fastest schedule is returned (status "gap" when it is within ``gap`` of the joint ILP's
+    bound, else "heuristic" for a fixed-implementation one).  When none fits, the smallest budget
+    is searched and an `InfeasibleBudgetError` names it.  Up to a 10 s limit, the solve with
+    PyTorch's implementations gets the whole limit, as a normal-mode solve would (full mode must
+    not lose to it); a fallback solve gets at least half the limit (up to 5 s).  So the total can
+    overrun ``time_limit`` by a few seconds (CBC is stopped 2 s after its share).
 
     Raises:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget found.
@@ -275,9 +278,6 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
         return solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose, **ref)
     fixed = fixed_time(graph, costs, options)
     t0 = time.perf_counter()
-    # the joint ILP first, on 40 % of the limit; then normal mode (PyTorch's implementations) and
-    # the cheap lean implementations fixed, 30 % each; the fastest of the three wins (both fixed
-    # ones are schedules of the joint problem, so full mode is never slower than normal mode)
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver,
                     time_limit=max(1.0, 0.4 * time_limit), constant_s=fixed, verbose=verbose,
                     peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
@@ -288,35 +288,36 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
                       objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                       solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
                       eager_time=eager_time)
-    # even a proven joint schedule runs against the fixed ones: the ILP's memory is an upper bound,
-    # and a repaired schedule the simulator fits beat the joint "optimum" by 2 % on a small GPT-2
+    # even a proven joint schedule runs against the fixed ones: a repaired schedule the simulator
+    # fits beat the joint "optimum" by 2 % on a small GPT-2 (the ILP's memory is an upper bound)
     first = None
-    cheap = lean_impls(options, cheap=True)
-    for impls in ([{}, cheap] if cheap else [{}]):
-        # up to 10 s, normal mode gets the whole limit, as a normal-mode solve would (its schedule
-        # is the one full mode must not lose to); beyond that 30 %
-        share = time_limit if not impls and time_limit <= 10 else max(1.0, 0.3 * time_limit)
+    sets = [{}, lean_impls(options, cheap=True)]
+    for k, impls in enumerate(sets if sets[1] else sets[:1]):
+        share = max(1.0, (t_end - time.perf_counter()) / (len(sets) - k))
+        if not impls and time_limit <= 10:
+            share = time_limit
         cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, share, verbose, ref)
         if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
             first = cand
+    if first is None and res.S is None:
+        # nothing fits with those implementations: the leanest ones, or those the relaxation chose
+        impls = lean_impls(options) if res.M is None else _round_options(options, res.M)
+        first = _solve_fixed(graph, costs, options, impls, budget, info, solver, left(), verbose, ref)
     if sol is not None:
         sol.meta.solve_time_s = time.perf_counter() - t0
         return _better(sol, first, res.bound_s, gap)
-    if first is not None:
-        first.meta.solve_time_s = time.perf_counter() - t0
-        return _better(None, first, res.bound_s, gap)
-    impls = lean_impls(options) if res.M is None else _round_options(options, res.M)
-    sol = _solve_fixed(graph, costs, options, impls, budget, info, solver, left(), verbose, ref)
-    if sol is None:
+    if first is None:
         least, proven, g, c, S, R = _smallest(graph, costs, mode, solver, left(), device, cost_fn)
         if least > budget:
             raise InfeasibleBudgetError(budget, least, mode, exact=proven) from None
         # the smallest-budget schedule fits this budget: use it
-        sol = _finish(g, c, S, R, budget=budget, mode=mode, status="heuristic", solver=solver.upper() + "+min-budget",
-                      objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
-                      solve_time_s=0.0, info=info or {}, inplace=inplace, eager=eager, eager_time=eager_time)
-    sol.meta.solve_time_s = time.perf_counter() - t0
-    return _better(None, sol, res.bound_s, gap)
+        first = _finish(g, c, S, R, budget=budget, mode=mode, status="heuristic",
+                        solver=solver.upper() + "+min-budget",
+                        objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None,
+                        gap=None, solve_time_s=0.0, info=info or {}, inplace=inplace, eager=eager,
+                        eager_time=eager_time)
+    first.meta.solve_time_s = time.perf_counter() - t0
+    return _better(None, first, res.bound_s, gap)
 
 
 def _solve_fixed(graph, costs, options, impls: dict[str, str], budget: int, info, solver: str,
