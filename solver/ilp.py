@@ -12,14 +12,17 @@ Constraints: a stage's backward node reads only values kept or recomputed in it
 before it in the stage (``R[t, j] <= R[t, i] + S[t, i]`` for an edge i -> j); a value is kept only if
 it was kept or recomputed in the previous stage (``S[t+1, i] <= S[t, i] + R[t, i]``); random ops are
 never recomputed; and the memory of the forward pass and of every stage fits the budget
-(`solver.memory_model`).  Objective: recomputation time (forward and backward times are constant
+(`solver.memory_model`: in stage t, ``U[t]`` bounds the bytes live throughout it, with
+``K[t, g] >= S[t+1, g] + R[t, node(g)] - 1`` for a recomputed value kept into the next stage, and
+there is one row for the backward node and one per recomputed node, as MONeT's per-operator rows;
+a recomputation's workspace stays in its own row).  Objective: recomputation time (forward and backward times are constant
 in ``normal`` mode).
 
 With implementation options (`solver.choices`; MONeT's ``conv``/``multiway``/``newnode`` modes)
 one-hot ``M[o]`` picks one option per choice, once per node (not per stage, as DESIGN.md asks);
 a stage's reads under option o hold only if ``M[o]`` (``R + S >= M[o]``); an option's own values are
 kept only under it (``S <= M[o]``); the memory rows gain ``fwd_opt @ M`` and ``bwd_opt @ M``; a
-choice node's recomputation workspace and time are linearised exactly with ``W >= ws_o (R + M[o] - 1)``
+choice node's recomputation workspace and time are linearised exactly with ``Wr >= ws_o (R + M[o] - 1)``
 and ``Q >= t_o (R + M[o] - 1)``; the objective adds each chosen option's forward and backward time.
 
 Only variables that are likely to matter are created (DESIGN.md, "drop R[t,i] that can never be
@@ -28,7 +31,11 @@ of what it reads) and ``S[t, i]`` only if some stage from t on could need it.  T
 restriction, not an exact reduction: recomputing a node early, while its inputs are still kept, and
 keeping it for a later stage can be cheaper (`tests/test_solver_fast_path.py` measures the loss
 against the unpruned formulation, `plain_solve`).  The constraint matrices are
-built as sparse matrices from index arrays, with no per-element Python loops over constraints.
+built as sparse matrices from index arrays; only the per-recomputation rows loop over stages.
+
+Solving (`solve_ilp`): the LP relaxation (bound, roundings), a start from repaired schedules
+improved by local search (`solver.repair.improve`), then CBC with that start; above `LARGE`
+variables CBC is not run (it never answered within a minute there) and the search has its time.
 """
 from __future__ import annotations
 
@@ -47,6 +54,9 @@ from monet.solver.memory_model import MemoryModel
 from monet.solver.repair import improve, repaired_candidates, round_and_repair, smallest_candidate
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
+# Above this many variables CBC found no schedule better than its start within a minute on 2
+# cores (ResNet-50 at batch 184: 91,000), so the time goes to the local search instead
+LARGE = 20000
 
 
 class InfeasibleBudgetError(ValueError):
@@ -433,12 +443,12 @@ def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode
 
 
 def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
-           deadline: float | None = None):
+           deadline: float | None = None, iterate: bool = False):
     """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
     the LP relaxation's ``frac_s`` and checkpoint sets, PyTorch's implementations) whose ILP memory
     fits ``budget`` bytes (None: the one with the smallest peak).  Until ``deadline`` (a
-    `time.perf_counter` value) each fitting candidate, cheapest first, is improved by
-    `solver.repair.improve` and the cheapest result wins.
+    `time.perf_counter` value) the fitting candidates are improved by `solver.repair.improve`:
+    a descent from each, then (``iterate``) an iterated local search from the best.
 
     Returns ({variable: values}, recompute seconds, ILP peak bytes, S (T, G), R (T, N)) or None.
     A start gives CBC an incumbent before its first LP, so a solve stopped early still has a
@@ -453,14 +463,22 @@ def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: f
         S, R, peak, cost = min(cands, key=lambda c: c[2])
     else:
         S, R, peak, cost = cands[0]
+        # a descent from each candidate (cheapest first) in 40 % of the time, then an iterated
+        # local search from the best (`solver.repair.improve`)
+        first_phase = None if deadline is None else time.perf_counter() + (0.4 if iterate else 1.0) * (
+            deadline - time.perf_counter())
         for k, (S2, R2, _, _) in enumerate(cands):
             now = time.perf_counter()
-            if deadline is None or now >= deadline:
+            if deadline is None or now >= first_phase:
                 break
             S2, R2, c2 = improve(graph, mem, S2, R2, budget, recompute_s, P.allow_s,
-                                 now + (deadline - now) / (len(cands) - k))
+                                 now + (first_phase - now) / (len(cands) - k))
             if c2 < cost:
-                S, R, peak, cost = S2, R2, mem.peak(S2, R2), c2
+                S, R, cost = S2, R2, c2
+        if iterate and deadline is not None and time.perf_counter() < deadline:
+            S, R, cost = improve(graph, mem, S, R, budget, recompute_s, P.allow_s, deadline,
+                                 rng=np.random.default_rng(0))
+        peak = mem.peak(S, R)
     start = {}
     if P.s is not None:
         start[P.s] = S.ravel()[P.s_idx]
@@ -505,7 +523,8 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
 
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
               solver: str = "CBC", time_limit: float = 60.0, constant_s: float = 0.0,
-              verbose: bool = False, peak_of=None, gap: float = 0.0, progress=None) -> ILPResult:
+              verbose: bool = False, peak_of=None, gap: float = 0.0, progress=None,
+              relaxation: bool = True) -> ILPResult:
     """Minimise recomputation time under a memory budget (bytes).
 
     The solve is started from the cheapest repaired checkpoint schedule whose ILP memory fits
@@ -522,6 +541,11 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         gap: stop once the schedule is proven within this fraction of the best bound (the
             objective counts ``constant_s``); 0 solves to optimality.
         progress: ``progress(str)``: the incumbent and the bound as the solve goes (CBC).
+        relaxation: solve the LP relaxation first (a bound, and roundings that start the search).
+            Without it, the search starts from the checkpoint schedules alone and has the LP's
+            time: `solver.solve.solve_full` takes its bound from the joint ILP and skips it for
+            its fixed-implementation solves at full scale, where the search beat the roundings
+            (see `solver.repair.improve`) and the LP took 8-25 s of a 60 s limit.
         peak_of: ``peak_of(S (T, G), R (T, N)) -> bytes``, the simulator's exact peak of a schedule.
             When the ILP (whose memory is an upper bound) finds nothing, repaired candidates and the
             smallest-budget schedule are accepted if this peak fits the budget (status "heuristic").
@@ -540,7 +564,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     n_vars = sum(v.size for v in problem.variables())
     n_cons = sum(c.size for c in problem.constraints)
     lp, frac_s, frac_m = (None, None, None)
-    if mode != "none":
+    if mode != "none" and relaxation:
         # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback.
         # It may use all of the limit but 1 s (it takes 8-20 s on ResNet-50 at batch 184, 91,000
         # columns, on 2 cores)
@@ -548,13 +572,25 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         if progress is not None and lp is not None:
             progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
     # local search improves the start until a fifth of the limit (at least 2 s) is left for CBC: at
-    # full scale CBC finds no better schedule, so the improved start is the answer; on small
-    # graphs the search ends at once and CBC proves the optimum
-    polish = t0 + time_limit - max(2.0, 0.2 * time_limit)
-    start = _start(P, graph, mem, recompute_s, limit, frac_s, polish) if mode != "none" else None
-    remaining = max(1.0, time_limit - (time.perf_counter() - t0))
-    run = _solve(problem, solver, remaining, verbose, start=None if start is None else start[0],
-                 gap_abs=gap * constant_s, progress=progress, shown_offset=constant_s)
+    # full scale (> LARGE variables, an iterated search) CBC finds no better schedule, so the
+    # improved start is the answer; on small graphs the descent ends at once and CBC proves the
+    # optimum
+    large = n_vars > LARGE and solver.upper() == "CBC"  # see LARGE
+    polish = t0 + time_limit - (1.5 if large else max(2.0, 0.2 * time_limit))
+    start = (_start(P, graph, mem, recompute_s, limit, frac_s, polish, iterate=large)
+             if mode != "none" else None)
+    if large and start is not None:
+        # CBC did not answer within a minute at this size (ResNet-50 at batch 184, 60,000-91,000
+        # variables: preprocessing alone outlasted every share of the limit), so it is not run
+        # and the local search's schedule stands, with the LP relaxation's bound
+        run = _Run(cp.USER_LIMIT, None, 0.0, [])
+        if progress is not None:
+            shown = start[1] + constant_s + (float(P.opt_time @ mem.default_options()) if mem.n_options else 0.0)
+            progress(f"  {n_vars} variables: CBC skipped, the local search's schedule stands ({shown:.6g} s)")
+    else:
+        remaining = max(1.0, time_limit - (time.perf_counter() - t0))
+        run = _solve(problem, solver, remaining, verbose, start=None if start is None else start[0],
+                     gap_abs=gap * constant_s, progress=progress, shown_offset=constant_s)
     if lp is not None and (run.bound is None or run.bound < lp):
         run.bound = lp
     t_solve = run.seconds

@@ -24,7 +24,7 @@ from monet.simulate import simulate
 from monet.solution import Solution, SolutionMeta
 from monet.impls import MODES, mode_tokens
 from monet.solver.choices import chosen_graph, chosen_impls, implementation_options
-from monet.solver.ilp import InfeasibleBudgetError, solve_ilp, solve_min_budget
+from monet.solver.ilp import LARGE, InfeasibleBudgetError, solve_ilp, solve_min_budget
 from monet.solver.memory_model import MemoryModel, build_memory_model
 
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
@@ -156,8 +156,9 @@ def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *,
                  solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, mode: str = "normal",
                  inplace: bool = False, eager: int | None = None, eager_time: float | None = None,
-                 gap: float = 0.0, progress=None) -> Solution:
-    """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors).
+                 gap: float = 0.0, progress=None, relaxation: bool = True) -> Solution:
+    """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors and
+    ``relaxation``).
 
     ``graph`` may carry implementations already (``graph.impls``, fixed by `solve_full`); ``mode``
     is the label stored in the solution, ``inplace`` turns on in-place ReLU/add in the executor.
@@ -167,7 +168,8 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | No
     t0 = time.perf_counter()
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
                     time_limit=time_limit, constant_s=const, verbose=verbose,
-                    peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
+                    peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress,
+                    relaxation=relaxation)
     return _finish(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                    solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
@@ -250,6 +252,8 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
        These ILPs are smaller, and CBC or the improved repaired schedules give schedules for them;
        the joint ILP on ResNet-50 (91,000 variables) finds none in a minute (see BENCHMARKS.md,
        "Solver at full scale"): its own improved start, with PyTorch's implementations, competes.
+       Above `solver.ilp.LARGE` joint variables they skip their LP relaxation and spend its time on the local
+       search (`solver.ilp.solve_ilp`'s ``relaxation``).
     3. Only when none of these fits: the fully memory-lean implementations (or those the
        relaxation leans to), then the smallest-budget search.
 
@@ -296,7 +300,8 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
         share = max(1.0, (t_end - time.perf_counter()) / (len(sets) - k))
         if not impls and time_limit <= 10:
             share = time_limit
-        cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, share, verbose, ref)
+        cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, share, verbose, ref,
+                            relaxation=res.n_variables <= LARGE)
         if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
             first = cand
     if first is None and res.S is None:
@@ -321,12 +326,13 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 
 
 def _solve_fixed(graph, costs, options, impls: dict[str, str], budget: int, info, solver: str,
-                 time_limit: float, verbose: bool, ref: dict) -> Solution | None:
+                 time_limit: float, verbose: bool, ref: dict, relaxation: bool = True) -> Solution | None:
     """The normal-mode solution on ``graph`` with the implementations ``impls`` fixed (solver
     "<name>+fixed-impls"), or None when that ILP finds the budget infeasible."""
     g, c = chosen_graph(graph, costs, options, impls)
     try:
-        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=time_limit, verbose=verbose, **ref)
+        sol = solve_normal(g, c, budget, info, solver=solver, time_limit=time_limit, verbose=verbose,
+                           relaxation=relaxation, **ref)
     except InfeasibleBudgetError:
         return None
     if impls:
