@@ -188,6 +188,8 @@ def improve(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, budg
             for j in np.argsort(-spent, kind="stable"):
                 if spent[j] <= 0 or time.perf_counter() >= deadline:
                     break
+                if not R[:, j].any():  # a move taken in this pass stopped recomputing it
+                    continue
                 groups = np.flatnonzero(mem.group_node == j)
                 first = int(np.flatnonzero(R[:, j])[0])
                 for start in (first, 0):

@@ -169,3 +169,25 @@ def test_ilp_memory_bounds_simulator_with_implementations(full_case):
                 S_exact[:, mem.group_of[v]] = S[:, grp]
             assert sim.fwd_peak_bytes == mem.fwd_peak(S_exact[0], M)
             assert sim.peak_bytes <= mem.peak(S_exact, R, M) + 1
+
+
+def test_local_search_removes_recomputation_that_memory_allows(case):
+    """From a checkpoint schedule, `improve` with the plain peak as budget ends with nothing
+    recomputed (keeping everything fits there), and with a budget below the plain peak it returns
+    a cheaper schedule that still fits."""
+    import time
+
+    from monet.solver.repair import improve, repaired_candidates
+    from monet.solver.solve import eager_peak
+
+    _, _, graph, costs, mem = case
+    P = ilp._Problem(graph, mem, costs.fwd_recompute, "normal")
+    eager = eager_peak(graph, costs)
+    S, R, peak, cost = repaired_candidates(graph, mem, None, P.allow_s, costs.fwd_recompute)[2]
+    assert cost > 0
+    S2, R2, c2 = improve(graph, mem, S, R, eager, costs.fwd_recompute, P.allow_s, time.perf_counter() + 60)
+    assert c2 == 0 and not R2.any() and mem.peak(S2, R2) <= eager
+    budget = (peak + eager) / 2
+    S3, R3, c3 = improve(graph, mem, S, R, budget, costs.fwd_recompute, P.allow_s, time.perf_counter() + 60)
+    assert c3 < cost and mem.peak(S3, R3) <= budget
+    assert c3 == float(np.asarray(costs.fwd_recompute) @ R3.sum(axis=0))
