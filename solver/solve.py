@@ -202,11 +202,10 @@ def lean_impls(options, cheap: bool = False) -> dict[str, str]:
     """
     from monet.impls import IMPLS
 
-    seconds = _option_seconds
-    default = {o.key: seconds(o) for o in options if o.impl == "default"}
+    default = {o.key: _option_seconds(o) for o in options if o.impl == "default"}
     best: dict[str, tuple] = {}
     for o in options:
-        if cheap and o.key in default and seconds(o) > 1.05 * default[o.key] + 1e-9:
+        if cheap and o.key in default and _option_seconds(o) > 1.05 * default[o.key] + 1e-9:
             continue
         token = IMPLS[o.impl].token if o.impl in IMPLS else ""
         ws = sum(float(o.bwd_workspace[t]) for t in o.governed) + (float(o.fwd_workspace[o.node]) if o.node >= 0 else 0)
@@ -371,8 +370,8 @@ def _better(sol: Solution | None, other: Solution | None, bound_s, gap: float) -
     if sol is not None:  # its solve time counts from the start of solve_full, both solves included
         other.meta.solve_time_s = sol.meta.solve_time_s
     if bound_s is not None and other.meta.objective_s < bound_s * (1 - 1e-9):
-        # a repaired schedule the simulator fits but the joint ILP's (pessimistic) memory does not:
-        # the ILP's bound is no bound for it
+        # a repaired schedule the simulator fits but the joint ILP's memory (an upper bound, within
+        # 1 % of the simulator) does not: the ILP's bound is no bound for it
         bound_s = None
     other.meta.bound_s = bound_s
     other.meta.gap = None if bound_s is None else max(0.0, 1 - bound_s / other.meta.objective_s)
