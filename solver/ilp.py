@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 import cvxpy as cp
@@ -51,7 +53,8 @@ from monet.graph import OpGraph
 from monet.schedule import ancestors
 from monet.solver.cbc import solve_cbc
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import improve, repaired_candidates, round_and_repair, smallest_candidate
+from monet.solver.repair import (drop_greedily, improve, repaired_candidates, round_and_repair,
+                                 smallest_candidate)
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # Above this many variables CBC found no schedule better than its start within a minute on 2
@@ -100,11 +103,12 @@ class _Problem:
     """Variables and constraints shared by the time-minimising and the budget-minimising ILPs.
 
     R is (T, N) over forward nodes; S is (T, G) over the memory model's groups (a node's values
-    read by backward nodes, and those read only by recomputations).
+    read by backward nodes, and those read only by recomputations).  Without ``recompute_rows``
+    the memory rows per recomputed node are left out (a relaxation: `lp_relaxation`'s bound).
     """
 
     def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False,
-                 prune: bool = True):
+                 prune: bool = True, recompute_rows: bool = True):
         t0 = time.perf_counter()
         N, T, G, O = len(graph.fwd), len(graph.bwd), len(mem.groups), mem.n_options
         self.N, self.T, self.G, self.O, self.mode = N, T, G, O, mode
@@ -159,12 +163,24 @@ class _Problem:
             return sp.csr_matrix((w, (np.arange(len(idx)), idx)), shape=(len(idx), max(width, 1)))
 
         cons = []
-        # 1. backward node t reads group g: kept, or its node recomputed in the stage (if its option is chosen)
-        for cond in (ro < 0, ro >= 0):
-            tt, gg, oo = rt[cond], rg[cond], ro[cond]
-            if len(tt):
-                lhs = sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf
-                cons.append(lhs >= (1 if oo.size and oo[0] < 0 else sel(oo, O) @ Mv))
+        # 1. backward node t reads group g: kept, or its node recomputed in the stage (if its option
+        # is chosen).  Reads under several options of one choice share one row, R + S >= the sum
+        # of their M (the options exclude each other, so the sum is 1 exactly when one of them is
+        # chosen): a row per option (R + S >= M[o]) let the LP relaxation split M evenly over the
+        # five convolution backward options of ResNet-50 and keep each input at S = 0.2, a bound
+        # at 70 % of the plain peak equal to the no-recomputation time (0.6139 s, where the
+        # implementations fixed gave 0.6251 s)
+        uncond = ro < 0
+        if uncond.any():
+            tt, gg = rt[uncond], rg[uncond]
+            cons.append(sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf >= 1)
+        if (~uncond).any():
+            choice = np.array([mem.options[o].choice for o in ro[~uncond]])
+            keys, row = np.unique(np.stack([rt[~uncond], rg[~uncond], choice], axis=1), axis=0, return_inverse=True)
+            tt, gg = keys[:, 0], keys[:, 1]
+            pick = sp.csr_matrix((np.ones(len(row)), (row.ravel(), ro[~uncond])), shape=(len(keys), max(O, 1)))
+            pick.data[:] = 1.0  # an option read twice in the same row counts once
+            cons.append(sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf >= pick @ Mv)
         # 2. keep only what was there: S[t+1, g] <= S[t, g] + R[t, node(g)]
         tt, gg = np.nonzero(allow_s[1:])
         if len(tt):
@@ -225,7 +241,7 @@ class _Problem:
         has_ws = np.zeros(N, dtype=bool)
         has_ws[[i for i, _, _ in mem.rec_ws]] = True
         row_t, ent_row, ent_col, ent_val, ws_rows = [], [], [], [], []
-        for t in range(T):
+        for t in range(T) if recompute_rows else ():
             nodes = np.flatnonzero(allow_r[t])
             if not len(nodes):
                 continue
@@ -285,6 +301,11 @@ class _Problem:
             Ri = sel(ts * N + i, TN) @ Rf
             for o, t_o in zip(opts, times):
                 cons.append(Q >= t_o * (Ri + Mv[o] - 1))
+            # valid for every option, and what keeps the LP relaxation honest: with only the rows
+            # above, M split 0.99 / 0.01 made R <= 0.01 free, and the relaxation of ResNet-50 at
+            # 70 % recomputed ReLUs a hundredth at a time over 100 stages at no cost (its bound
+            # 0.6139 s, the no-recomputation time; 0.6250 s with this row)
+            cons.append(Q >= times.min() * Ri)
             q_terms.append(cp.sum(Q))
         self.q_terms = q_terms
         self.cons = cons
@@ -404,10 +425,14 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
     (None, None, None) if it has no solution in time.
 
     Solved with HiGHS's dual simplex through scipy (`cp.SCIPY`; scipy comes with cvxpy), which
-    needs no extra package and solves this LP in 8-20 s on ResNet-50 at batch 184 (HiGHS's
-    interior point method took 77-90 s), where CBC's own LP takes twice as long.
+    needs no extra package, where CBC's own LP takes twice as long (HiGHS's interior point
+    method: 93 s, its PDLP: no answer in 120 s).  The memory rows per recomputed node are left
+    out (``recompute_rows``): a weaker relaxation in principle, but on ResNet-50 at batch 184 its
+    bound was the same at 70 / 50 / 33 % of the plain peak (0.6249 / 0.6336 / 0.6411 s) in 12 /
+    17 / 27 s instead of 22 / 44 / 58 s.  scipy's HiGHS releases the GIL: `solve_ilp` and
+    `solver.solve.solve_full` run it in a thread next to the local search at full scale.
     """
-    P = _Problem(graph, mem, recompute_s, mode, relax=True)
+    P = _Problem(graph, mem, recompute_s, mode, relax=True, recompute_rows=False)
     relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
     try:
         relaxed.solve(solver=cp.SCIPY, scipy_options={"method": "highs", "time_limit": float(time_limit)})
@@ -417,6 +442,26 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
         return None, None, None
     frac_m = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
     return float(relaxed.value), P.fractional_s(), frac_m
+
+
+def relaxation_in_background(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
+                             time_limit: float) -> Future:
+    """`lp_relaxation` started in a thread (HiGHS releases the GIL, so it uses a second core while
+    the caller searches); read it with `relaxation_result`."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monet-lp")
+    future = pool.submit(lp_relaxation, graph, mem, recompute_s, budget, mode, max(1.0, time_limit))
+    pool.shutdown(wait=False)
+    return future
+
+
+def relaxation_result(future: Future, deadline: float):
+    """The result of `relaxation_in_background`, waiting until ``deadline`` (a `time.perf_counter`
+    value) at most (2 s after it, for the LP's own time limit to stop it): (None, None, None) if
+    it has no answer by then."""
+    try:
+        return future.result(timeout=max(0.0, deadline - time.perf_counter()) + 2.0)
+    except FutureTimeout:
+        return None, None, None
 
 
 def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
@@ -457,7 +502,14 @@ def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: f
     """
     cands = repaired_candidates(graph, mem, frac_s, P.allow_s, recompute_s)
     if budget is not None:
-        cands = sorted((c for c in cands if c[2] <= budget), key=lambda c: c[3])
+        cands = [c for c in cands if c[2] <= budget]
+        # and the greedy that drops values only where memory is short (`solver.repair.drop_greedily`),
+        # in at most a fifth of the time
+        greedy = drop_greedily(graph, mem, P.allow_s, budget, recompute_s,
+                               None if deadline is None else time.perf_counter() + 0.2 * (deadline - time.perf_counter()))
+        if greedy is not None:
+            cands.append((greedy[0], greedy[1], mem.peak(greedy[0], greedy[1]), greedy[2]))
+        cands.sort(key=lambda c: c[3])
     if not cands:
         return None
     if budget is None:
@@ -570,24 +622,34 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     n_vars = sum(v.size for v in problem.variables())
     n_cons = sum(c.size for c in problem.constraints)
     lp, frac_s, frac_m = (None, None, None)
+    large = n_vars > LARGE  # see LARGE
+    background = None
     if mode != "none" and relaxation:
         # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback.
-        # It may use all of the limit but 1 s (it takes 8-20 s on ResNet-50 at batch 184, 91,000
-        # columns, on 2 cores)
-        lp, frac_s, frac_m = lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit - 1.0))
-        if progress is not None and lp is not None:
-            progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
+        # At full scale it runs in a thread next to the local search (12-27 s on ResNet-50 at batch
+        # 184, 91,000 columns), and its roundings are not used (the search beat them); below, it
+        # may use all of the limit but 1 s
+        if large:
+            background = relaxation_in_background(graph, mem, recompute_s, limit, mode, time_limit - 5.0)
+        else:
+            lp, frac_s, frac_m = lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit - 1.0))
+            if progress is not None and lp is not None:
+                progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
     # local search improves the start until a fifth of the limit (at least 2 s) is left for CBC: at
     # full scale (> LARGE variables, an iterated search) CBC finds no better schedule, so the
     # improved start is the answer; on small graphs the descent ends at once and CBC proves the
     # optimum
-    large = n_vars > LARGE  # see LARGE
     # ... and at least a quarter of the limit, even when the LP relaxation took all of it (the
     # demo's ResNet-50 under load: its schedule was then an unimproved checkpoint set, +63 %)
     polish = max(t0 + time_limit - (1.5 if large else max(2.0, 0.2 * time_limit)),
                  time.perf_counter() + 0.25 * time_limit)
     start = (_start(P, graph, mem, recompute_s, limit, frac_s, polish, iterate=large)
              if mode != "none" else None)
+    if background is not None:
+        lp, _, _ = relaxation_result(background, t0 + time_limit)
+        if progress is not None:
+            progress("  LP relaxation: " + ("no answer in time" if lp is None else f"bound {lp + constant_s:.6g} s")
+                     + f" ({time.perf_counter() - t0:.1f} s)")
     if large and start is not None:
         # CBC did not answer within a minute at this size (ResNet-50 at batch 184, 60,000-91,000
         # variables: preprocessing alone outlasted every share of the limit), so no MIP solver is

@@ -24,7 +24,8 @@ from monet.simulate import simulate
 from monet.solution import Solution, SolutionMeta
 from monet.impls import MODES, mode_tokens
 from monet.solver.choices import chosen_graph, chosen_impls, implementation_options
-from monet.solver.ilp import LARGE, InfeasibleBudgetError, solve_ilp, solve_min_budget
+from monet.solver.ilp import (LARGE, InfeasibleBudgetError, problem_size, relaxation_in_background,
+                              relaxation_result, solve_ilp, solve_min_budget)
 from monet.solver.memory_model import MemoryModel, build_memory_model
 
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
@@ -265,8 +266,9 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
        These ILPs are smaller, and CBC or the improved repaired schedules give schedules for them;
        the joint ILP on ResNet-50 (91,000 variables) finds none in a minute (see BENCHMARKS.md,
        "Solver at full scale"): its own improved start, with PyTorch's implementations, competes.
-       Above `solver.ilp.LARGE` joint variables they skip their LP relaxation and spend its time on the local
-       search (`solver.ilp.solve_ilp`'s ``relaxation``).
+       Above `solver.ilp.LARGE` joint variables, step 1 is only the joint LP relaxation, run in
+       a thread for the whole limit (`solver.ilp.relaxation_in_background`) while the solves of
+       step 2 skip their own relaxation and search (`solver.ilp.solve_ilp`'s ``relaxation``).
     3. Only when none of these fits: the fully memory-lean implementations (or those the
        relaxation leans to), then the smallest-budget search.
 
@@ -295,11 +297,19 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
         return solve_normal(graph, costs, budget, info, solver=solver, time_limit=left(), verbose=verbose, **ref)
     fixed = fixed_time(graph, costs, options)
     t0 = time.perf_counter()
-    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver,
-                    time_limit=max(1.0, 0.4 * time_limit), constant_s=fixed, verbose=verbose,
-                    peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
-    sol = None
-    if res.status != "no_integer":
+    large = problem_size(graph, mem, costs.fwd_recompute, mode)[0] > LARGE
+    res = sol = background = None
+    if large:
+        # no MIP solver at this size (see LARGE): the joint ILP gives only its LP relaxation's
+        # bound, computed in a thread over the whole limit while the fixed-implementation
+        # searches below use the other core (its improved start would repeat the one with
+        # PyTorch's implementations)
+        background = relaxation_in_background(graph, mem, costs.fwd_recompute, budget, mode, time_limit - 5.0)
+    else:
+        res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode=mode, solver=solver,
+                        time_limit=max(1.0, 0.4 * time_limit), constant_s=fixed, verbose=verbose,
+                        peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress)
+    if res is not None and res.status != "no_integer":
         g, c = chosen_graph(graph, costs, options, chosen_impls(options, res.M))
         sol = _finish(g, c, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                       objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
@@ -309,22 +319,43 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     # fits beat the joint "optimum" by 2 % on a small GPT-2 (the ILP's memory is an upper bound)
     first = None
     sets = [{}, lean_impls(options, cheap=True)]
-    for k, impls in enumerate(sets if sets[1] else sets[:1]):
-        share = max(1.0, (t_end - time.perf_counter()) / (len(sets) - k))
+    sets = sets if sets[1] else sets[:1]
+    weights = [1.0] * len(sets)
+    t_stop = t_end
+    if large:
+        # the local search is what finds schedules at this size, and it stops at its deadline:
+        # two thirds of the time to the set that is faster with nothing recomputed (ResNet-50 at
+        # batch 184: the cheap lean implementations, 0.6139 s against PyTorch's 0.6245 s; with
+        # equal shares PyTorch's schedule was the slower one at 70 / 50 / 33 %), and 1.5 s kept
+        # for building and simulating the schedules after it
+        base = [sum(_option_seconds(o) for o in options if o.impl == impls.get(o.key, "default")) for impls in sets]
+        weights = [2.0 if b == min(base) else 1.0 for b in base] if len(set(base)) > 1 else weights
+        t_stop = t_end - 1.5
+    for k, impls in enumerate(sets):
+        share = max(1.0, (t_stop - time.perf_counter()) * weights[k] / sum(weights[k:]))
         if not impls and time_limit <= 10:
             share = time_limit
         cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, share, verbose, ref,
-                            relaxation=res.n_variables <= LARGE)
+                            relaxation=not large)
         if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
             first = cand
-    if first is None and res.S is None:
+    if first is None and sol is None:
         # nothing fits with those implementations: the leanest ones, or those the relaxation chose
-        impls = lean_impls(options) if res.M is None else _round_options(options, res.M)
-        first = _solve_fixed(graph, costs, options, impls, budget, info, solver, left(), verbose, ref)
+        impls = lean_impls(options) if res is None or res.M is None else _round_options(options, res.M)
+        first = _solve_fixed(graph, costs, options, impls, budget, info, solver, left(), verbose, ref,
+                             relaxation=not large)
     # the best bound known: the relaxation's, or the no-recomputation time if that is higher (the
     # relaxation of GoogLeNet at batch 320, 123,000 columns, did not finish in its 24 s)
     floor = no_recompute_bound(graph, costs, options)
-    bound = floor if res.bound_s is None else max(res.bound_s, floor)
+    if background is not None:
+        lp = relaxation_result(background, t_end)[0]
+        if progress is not None:
+            progress("  joint LP relaxation: " + ("no answer in time" if lp is None else f"bound {lp + fixed:.6g} s")
+                     + f" ({time.perf_counter() - t0:.1f} s)")
+        lp_bound = None if lp is None else lp + fixed
+    else:
+        lp_bound = res.bound_s
+    bound = floor if lp_bound is None else max(lp_bound, floor)
     if sol is not None:
         sol.meta.solve_time_s = time.perf_counter() - t0
         if sol.meta.bound_s is None or sol.meta.bound_s < floor:

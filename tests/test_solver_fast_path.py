@@ -119,3 +119,82 @@ def test_cbc_crash_or_hang_is_a_lost_solve_not_a_dead_process(monkeypatch, child
     assert out.status == "no_integer" and out.objective is None
     assert says in out.detail and any(says in line for line in lines)
     assert out.solve_time_s < 30
+
+
+def test_relaxation_charges_every_recomputation_and_every_read(case):
+    """The joint LP relaxation (full mode, a budget that forces recomputation) is a lower bound
+    that cannot be bought with fractional implementation choices: each recomputed node costs at
+    least its cheapest option's time times its R, and a value read under several options of one
+    choice is there as much as those options are chosen together.  With one row per option
+    (``Q >= t_o (R + M[o] - 1)``, ``R + S >= M[o]``), M split 0.99 / 0.01 or 0.2 x 5 made
+    recomputation free and kept inputs at a fifth: ResNet-50's bound at 70 % was the
+    no-recomputation time."""
+    import cvxpy as cp
+
+    graph, costs, eager = case
+    options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
+    for budget in (0.6 * eager, 0.7 * eager, 0.8 * eager):  # the smallest the relaxation fits
+        P = ilp._Problem(graph, mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
+        lp = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(budget))
+        lp.solve(solver=cp.SCIPY, scipy_options={"method": "highs"})
+        if lp.status == cp.OPTIMAL:
+            break
+    assert lp.status == cp.OPTIMAL
+    value, M, S = float(lp.value), np.asarray(P.m.value), P.fractional_s()
+    R = np.zeros(P.T * P.N)
+    R[P.r_idx] = P.r.value
+    R = R.reshape(P.T, P.N)
+    least = {}
+    for o in options:
+        if o.node >= 0:
+            least[o.node] = min(least.get(o.node, np.inf), o.fwd_recompute[o.node])
+    rec = np.asarray(costs.fwd_recompute, dtype=float).copy()
+    for i, t in least.items():
+        rec[i] = t
+    assert R.sum() > 0  # the budget needs recomputation
+    assert value - P.opt_time @ M >= rec @ R.sum(axis=0) - 1e-9
+    # reads: S + R covers the options that read a value, summed per choice
+    readers: dict[tuple, set] = {}
+    for t, g, o in mem.reads:
+        if o >= 0:
+            readers.setdefault((t, g, options[o].choice), set()).add(o)
+    assert any(len(opts) > 1 for opts in readers.values())
+    for (t, g, _), opts in readers.items():
+        assert S[t, g] + R[t, mem.group_node[g]] >= sum(M[o] for o in opts) - 1e-6
+    # and it is still a relaxation: below the ILP's optimum where the fast path proves one
+    fixed = fixed_time(graph, costs, options)
+    res = ilp.solve_ilp(graph, mem, costs.fwd_recompute, int(budget), FULL, solver="CBC", time_limit=60,
+                        constant_s=fixed)
+    if res.status == "optimal":
+        assert value + fixed <= res.objective_s * (1 + 1e-6)
+
+
+def test_greedy_drop_fits_the_budget_and_drops_nothing_at_the_plain_peak(case):
+    """`solver.repair.drop_greedily` returns a schedule whose ILP memory (and simulated peak)
+    fits, recomputing nothing when keeping everything fits."""
+    from monet.solver.repair import drop_greedily
+
+    graph, costs, eager = case
+    mem = memory_model(graph, costs)
+    P = ilp._Problem(graph, mem, costs.fwd_recompute, "normal")
+    S, R, cost = drop_greedily(graph, mem, P.allow_s, eager, costs.fwd_recompute)
+    assert cost == 0 and not R.any()
+    peak_of = simulated_peak_fn(graph, costs, mem)
+    for frac in (0.8, 0.65):
+        out = drop_greedily(graph, mem, P.allow_s, frac * eager, costs.fwd_recompute)
+        if out is None:
+            continue
+        S, R, cost = out
+        assert cost > 0 and cost == pytest.approx(float(np.asarray(costs.fwd_recompute) @ R.sum(axis=0)))
+        assert mem.peak(S, R) <= frac * eager
+        assert peak_of(S, R) <= frac * eager
+
+
+def test_relaxation_in_background_gives_the_relaxation(case):
+    graph, costs, eager = case
+    mem = memory_model(graph, costs)
+    direct = ilp.lp_relaxation(graph, mem, costs.fwd_recompute, 0.85 * eager, "normal", 60)
+    import time
+    future = ilp.relaxation_in_background(graph, mem, costs.fwd_recompute, 0.85 * eager, "normal", 60)
+    threaded = ilp.relaxation_result(future, time.perf_counter() + 60)
+    assert direct[0] is not None and threaded[0] == pytest.approx(direct[0])
