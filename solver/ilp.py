@@ -55,6 +55,7 @@ from monet.solver.cbc import solve_cbc
 from monet.solver.memory_model import MemoryModel
 from monet.solver.repair import (drop_greedily, improve, repaired_candidates, round_and_repair,
                                  smallest_candidate)
+from monet.solver.windows import drop_windows
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # Above this many variables CBC found no schedule better than its start within a minute on 2
@@ -491,8 +492,9 @@ def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode
 def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
            deadline: float | None = None, iterate: bool = False):
     """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
-    the LP relaxation's ``frac_s`` and checkpoint sets, PyTorch's implementations) whose ILP memory
-    fits ``budget`` bytes (None: the one with the smallest peak).  Until ``deadline`` (a
+    the LP relaxation's ``frac_s`` and checkpoint sets; with a budget also `solver.repair.drop_greedily`
+    and `solver.windows.drop_windows`; PyTorch's implementations) whose ILP memory fits
+    ``budget`` bytes (None: the one with the smallest peak).  Until ``deadline`` (a
     `time.perf_counter` value) the fitting candidates are improved by `solver.repair.improve`:
     a descent from each, then (``iterate``) an iterated local search from the best.
 
@@ -503,12 +505,16 @@ def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: f
     cands = repaired_candidates(graph, mem, frac_s, P.allow_s, recompute_s)
     if budget is not None:
         cands = [c for c in cands if c[2] <= budget]
-        # and the greedy that drops values only where memory is short (`solver.repair.drop_greedily`),
-        # in at most a fifth of the time
-        greedy = drop_greedily(graph, mem, P.allow_s, budget, recompute_s,
-                               None if deadline is None else time.perf_counter() + 0.2 * (deadline - time.perf_counter()))
-        if greedy is not None:
-            cands.append((greedy[0], greedy[1], mem.peak(greedy[0], greedy[1]), greedy[2]))
+        # and two that drop values only where memory is short: the greedy
+        # (`solver.repair.drop_greedily`) and the window knapsack (`solver.windows`), each in at
+        # most a fifth of the time
+        for make in (drop_greedily, drop_windows):
+            share = None if deadline is None else time.perf_counter() + 0.2 * (deadline - time.perf_counter())
+            if make is drop_windows and share is None:
+                continue
+            found = make(graph, mem, P.allow_s, budget, recompute_s, share)
+            if found is not None:
+                cands.append((found[0], found[1], mem.peak(found[0], found[1]), found[2]))
         cands.sort(key=lambda c: c[3])
     if not cands:
         return None

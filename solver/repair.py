@@ -29,7 +29,7 @@ def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarr
     node_groups: list[list[int]] = [[] for _ in range(N)]
     for g, i in enumerate(gnode):
         node_groups[i].append(g)
-    input_groups = [sorted({mem.group_of[v] for v in n.reads}) for n in graph.fwd]
+    input_groups = input_groups_of(graph, mem)
     S = np.zeros((T, G), dtype=bool)
     R = np.zeros((T, N), dtype=bool)
     have = keep[0] & allow_s[0]
@@ -67,7 +67,7 @@ def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_
     simulated, and the ILP rejected repaired schedules that fit.
     """
     T, G = S.shape
-    used = _stage_reads(graph, mem, R, input_groups)
+    used = stage_reads(graph, mem, R, input_groups)
     out = S.copy()
     later = np.zeros(G, dtype=bool)
     for t in range(T - 1, -1, -1):
@@ -148,7 +148,12 @@ def round_and_repair(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None
     return None
 
 
-def _stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray, input_groups) -> np.ndarray:
+def input_groups_of(graph: OpGraph, mem: MemoryModel) -> list[list[int]]:
+    """For each forward node, the groups it reads (sorted indices)."""
+    return [sorted({mem.group_of[v] for v in n.reads}) for n in graph.fwd]
+
+
+def stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray, input_groups) -> np.ndarray:
     """(T, G) bool: stage t reads group g (its backward node, or a node it recomputes)."""
     T, G = R.shape[0], len(mem.groups)
     used = np.zeros((T, G), dtype=bool)
@@ -168,8 +173,8 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     reads them: they are recomputed there, once, and kept from then on).  Each step ranks the
     moves by the bytes they would free in stages over the budget (the ILP's `MemoryModel`
     rows, the forward pass for windows from stage 0) per second of the node's recomputation,
-    `repair`s the ``tries`` best, and takes the one that removes the most excess bytes per
-    second actually added.  This is the greedy of the rematerialisation heuristics (Chen et al.
+    `repair`s the ``tries`` best (more while none frees any), and takes the one that removes the
+    most excess bytes per second actually added.  This is the greedy of the rematerialisation heuristics (Chen et al.
     2016, Sec. 4; Kirisame et al. 2021's cost per byte), on MONeT's stages.
 
     Why: the checkpoint sets of `candidate_keeps` recompute a value in every stage that reads
@@ -182,7 +187,7 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     recompute_s = np.asarray(recompute_s, dtype=float)
     T, G = allow_s.shape
     gnode = mem.group_node
-    input_groups = [sorted({mem.group_of[v] for v in n.reads}) for n in graph.fwd]
+    input_groups = input_groups_of(graph, mem)
     S, R = repair(graph, mem, allow_s, allow_s)
     later = np.arange(T)[:, None]
 
@@ -194,7 +199,7 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     while over.any() or fover > 0:
         if deadline is not None and time.perf_counter() >= deadline:
             return None
-        used = _stage_reads(graph, mem, R, input_groups)
+        used = stage_reads(graph, mem, R, input_groups)
         moves = []
         for j in np.unique(gnode[S.any(axis=0)]):
             if graph.fwd[j].random:
@@ -210,7 +215,10 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
                         moves.append((gain / max(recompute_s[j], 1e-12), j, a, b))
                 a = b + 1
         best = None
-        for _, j, a, b in sorted(moves, reverse=True)[:tries]:
+        ranked = sorted(moves, reverse=True)
+        for k, (_, j, a, b) in enumerate(ranked):
+            if best is not None and k >= tries:  # the ``tries`` best, or on until one frees bytes
+                break
             mine = gnode == j
             keep = S.copy()
             keep[a:b, mine] = False
