@@ -2,7 +2,7 @@
 takes, and how close to the bound its schedule is.
 
     monet bench-solver [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC]
-                       [--time-limit 60] [--gap 0.02] [--plain] [--out BENCHMARKS.md]
+                       [--time-limit 60] [--gap 0.02] [--plain] [--min-budget] [--out BENCHMARKS.md]
 
 Configurations (`CONFIGS`): MONeT's five CNNs at their batch sizes (input 3x224x224; UNet at the zoo
 model's input) and GPT-2 small at batch 8, sequence 1024, fp32.  Nothing runs on a device: the
@@ -15,7 +15,8 @@ ILP's variables and constraint rows, the build time, the solve time (everything 
 wall clock), the objective (predicted iteration time, seconds), the best bound, the gap
 (objective - bound) / objective, the predicted peak over the budget, and the status.  With
 ``--plain`` each row is followed by MONeT's formulation as written (no pruned variables, no LP
-relaxation, no start, the solver through cvxpy) at the same time limit, for contrast.  Progress
+relaxation, no start, the solver through cvxpy) at the same time limit, for contrast; with
+``--min-budget`` a last row per model times the smallest-budget search.  Progress
 goes to stderr; the markdown section is rewritten after every row.
 """
 from __future__ import annotations
@@ -51,8 +52,9 @@ def _graph_and_costs(model_name: str, batch: int):
 
 
 def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: float, gap: float,
-                 plain: bool, on_row=None) -> list[dict]:
-    """Rows (dicts) for one configuration; see the module docstring for the columns."""
+                 plain: bool, on_row=None, min_budget_row: bool = False) -> list[dict]:
+    """Rows (dicts) for one configuration; see the module docstring for the columns.  With
+    ``min_budget_row``, a last row times the smallest-budget search."""
     from monet.solver.ilp import InfeasibleBudgetError, plain_solve, problem_size
     from monet.solver.solve import eager_peak, fixed_time, full_model, solve
 
@@ -95,7 +97,29 @@ def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: 
                          "peak_over_budget": None, "status": p["status"]})
             if on_row:
                 on_row(rows)
+    if min_budget_row:
+        rows.append(_min_budget_row(graph, costs, cost_fn, eager, model_name, batch, solver, time_limit, source,
+                                    n_vars, n_cons, build_s))
+        if on_row:
+            on_row(rows)
     return rows
+
+
+def _min_budget_row(graph, costs, cost_fn, eager, model_name, batch, solver, time_limit, source, n_vars, n_cons,
+                    build_s) -> dict:
+    """The row of `monet solve --min-budget`'s search (`solver.solve.min_budget`, its own time limit):
+    solve_s is the search's wall clock, the status names the budget found (% of the plain peak)."""
+    from monet.solver.solve import min_budget
+
+    graph.__dict__.pop("_monet_smallest", None)  # no answer cached by an infeasible row's search
+    _log(f"{model_name}: smallest budget, {solver}, limit {time_limit:g} s")
+    t1 = time.perf_counter()
+    least, proven = min_budget(graph, costs, MODE, solver, time_limit, "cuda", cost_fn)
+    return dict(model=model_name, batch=batch, budget="min", formulation="fast", solver=solver.upper(),
+                variables=n_vars, constraints=n_cons, build_s=build_s, solve_s=time.perf_counter() - t1,
+                objective_s=None, bound_s=None, gap=None, peak_over_budget=None,
+                status=f"smallest {100 * least / eager:.1f} % ({least / 2**30:.2f} GiB, "
+                       f"{'proven' if proven else 'not proven'})", costs=source)
 
 
 def to_markdown(rows: list[dict], argv: list[str]) -> str:
@@ -132,6 +156,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per solve (wall clock)")
     p.add_argument("--gap", type=float, default=0.02, help="stop once proven within this fraction of the bound")
     p.add_argument("--plain", action="store_true", help="also solve MONeT's formulation as written, for contrast")
+    p.add_argument("--min-budget", action="store_true",
+                   help="also time the smallest-budget search (monet solve --min-budget) per model")
     p.add_argument("--out", type=Path, default=None, help="markdown file whose solver section is (re)written")
     return p
 
@@ -142,7 +168,7 @@ def run(args, argv: list[str]) -> int:
     unknown = [m for m in models if m not in CONFIGS]
     if unknown:
         raise SystemExit(f"bench-solver: unknown model(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
-    budgets = [float(b) for b in args.budgets.split(",")]
+    budgets = [float(b) for b in args.budgets.split(",") if b.strip()]  # "" : only --min-budget rows
     rows: list[dict] = []
 
     def save(current):
@@ -150,7 +176,8 @@ def run(args, argv: list[str]) -> int:
             write_section(args.out, to_markdown(rows + current, argv))
 
     for m in models:
-        rows += bench_config(m, CONFIGS[m], budgets, args.solver, args.time_limit, args.gap, args.plain, save)
+        rows += bench_config(m, CONFIGS[m], budgets, args.solver, args.time_limit, args.gap, args.plain, save,
+                             min_budget_row=args.min_budget)
         save([])
     print(to_markdown(rows, argv))
     return 0

@@ -164,6 +164,23 @@ def stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray, input_groups) -
     return used
 
 
+def drop_windows_of(graph: OpGraph, mem: MemoryModel, S: np.ndarray, used: np.ndarray):
+    """The drop windows of a schedule: (node j, a, b, j's groups) for each run of stages [a, b)
+    in which S (T, G) keeps some of j's values and no stage reads them, b reads them (``used``,
+    `stage_reads`), and a is 0 or the stage after the previous read.  Random nodes have none."""
+    gnode = mem.group_node
+    for j in np.unique(gnode[S.any(axis=0)]):
+        if graph.fwd[j].random:
+            continue
+        gs = np.flatnonzero(gnode == j)
+        kept = S[:, gs].any(axis=1)
+        a = 0
+        for b in np.flatnonzero(used[:, gs].any(axis=1)):
+            if b > a and kept[a:b].any():
+                yield int(j), int(a), int(b), gs
+            a = b + 1
+
+
 def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
                   recompute_s: np.ndarray, deadline: float | None = None, tries: int = 8):
     """A schedule that fits ``budget`` bytes, built from keep-everything by dropping values where
@@ -201,19 +218,11 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
             return None
         used = stage_reads(graph, mem, R, input_groups)
         moves = []
-        for j in np.unique(gnode[S.any(axis=0)]):
-            if graph.fwd[j].random:
-                continue
-            gs = np.flatnonzero(gnode == j)
-            kept = S[:, gs].any(axis=1)
-            a = 0
-            for b in np.flatnonzero(used[:, gs].any(axis=1)):
-                if b > a and kept[a:b].any():
-                    freed = S[a:b][:, gs] @ mem.saved_bytes[gs]
-                    gain = np.minimum(over[a:b], freed).sum() + (min(fover, freed[0]) if a == 0 else 0.0)
-                    if gain > 0:
-                        moves.append((gain / max(recompute_s[j], 1e-12), j, a, b))
-                a = b + 1
+        for j, a, b, gs in drop_windows_of(graph, mem, S, used):
+            freed = S[a:b][:, gs] @ mem.saved_bytes[gs]
+            gain = np.minimum(over[a:b], freed).sum() + (min(fover, freed[0]) if a == 0 else 0.0)
+            if gain > 0:
+                moves.append((gain / max(recompute_s[j], 1e-12), j, a, b))
         best = None
         ranked = sorted(moves, reverse=True)
         for k, (_, j, a, b) in enumerate(ranked):

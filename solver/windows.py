@@ -33,7 +33,7 @@ import numpy as np
 
 from monet.graph import OpGraph
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import input_groups_of, repair, stage_reads
+from monet.solver.repair import drop_windows_of, input_groups_of, repair, stage_reads
 
 
 def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
@@ -58,24 +58,16 @@ def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: 
         return repair(graph, mem, keep, allow_s)
 
     wins, cost, saved, fsaved = [], [], [], []
-    for j in np.unique(gnode[S0.any(axis=0)]):
-        if graph.fwd[j].random:
-            continue
-        gs = np.flatnonzero(gnode == j)
-        kept = S0[:, gs].any(axis=1)
-        a = 0
-        for b in np.flatnonzero(used[:, gs].any(axis=1)):
-            if b > a and kept[a:b].any():
-                if time.perf_counter() >= deadline:
-                    return None
-                S1, R1 = dropped([(j, a, b)])
-                d, df = P0 - mem.bwd_peaks(S1, R1), F0 - mem.fwd_peak(S1[0])
-                if (d > 0).any() or df > 0:
-                    wins.append((j, a, b))
-                    cost.append(float(recompute_s @ R1.sum(axis=0)))
-                    saved.append(d)
-                    fsaved.append(df)
-            a = b + 1
+    for j, a, b, _ in drop_windows_of(graph, mem, S0, used):
+        if time.perf_counter() >= deadline:
+            return None
+        S1, R1 = dropped([(j, a, b)])
+        d, df = P0 - mem.bwd_peaks(S1, R1), F0 - mem.fwd_peak(S1[0])
+        if (d > 0).any() or df > 0:
+            wins.append((j, a, b))
+            cost.append(float(recompute_s @ R1.sum(axis=0)))
+            saved.append(d)
+            fsaved.append(df)
     if not wins:
         return None
     cost, D, DF = np.array(cost), np.array(saved).T, np.array(fsaved)
