@@ -191,3 +191,39 @@ def test_local_search_removes_recomputation_that_memory_allows(case):
     S3, R3, c3 = improve(graph, mem, S, R, budget, costs.fwd_recompute, P.allow_s, time.perf_counter() + 60)
     assert c3 < cost and mem.peak(S3, R3) <= budget
     assert c3 == float(np.asarray(costs.fwd_recompute) @ R3.sum(axis=0))
+
+
+def test_joint_model_counts_what_the_chosen_implementations_hold():
+    """The joint model with the implementations M fixed counts, for the schedule that keeps what
+    M's backward nodes read, the peak of the graph built with those implementations.  MobileNetV2's
+    in-place ReLU6 makes the base graph clone each ReLU6 input for its backward; the 1-bit mask
+    variants hold no clone, and a model that took the backward values from the base graph alone
+    counted them anyway (0.957 of the plain peak for 0.663 at full scale)."""
+    from monet.solver.choices import chosen_graph
+    from monet.solver.repair import repair
+    from monet.solver.solve import analytic_cost_fn, eager_peak, full_model, lean_impls, memory_model
+    from monet.zoo.models import get_model
+
+    torch.manual_seed(0)
+    graph = capture(get_model("mobilenet_v2", width_mult=0.25, num_classes=10), torch.randn(2, 3, 32, 32))
+    costs = costs_for(graph, analytic_costs(graph))
+    options, joint = full_model(graph, costs, "inplace_conv_multiway_newnode", "cpu", analytic_cost_fn())
+    impls = lean_impls(options, cheap=True)
+    assert any(v.startswith("hardtanh") or "mask" in v for v in impls.values())
+    M = np.zeros(len(options))
+    for choice in joint.choices:
+        want = impls.get(options[choice[0]].key, "default")
+        M[[o for o in choice if options[o].impl == want][0]] = 1
+    T, G = len(graph.bwd), len(joint.groups)
+    last = np.full(G, -1)
+    for t, g, o in joint.reads:
+        if o < 0 or M[o] > 0.5:
+            last[g] = max(last[g], t)
+    S = np.arange(T)[:, None] <= last[None, :]
+    none = np.zeros((T, len(graph.fwd)), dtype=bool)
+    g, c = chosen_graph(graph, costs, options, impls)
+    mem = memory_model(g, c)
+    Sc, Rc = repair(g, mem, np.ones((T, len(mem.groups)), dtype=bool), ilp._Problem(g, mem, c.fwd_recompute,
+                                                                                    "normal").allow_s)
+    eager = eager_peak(graph, costs)
+    assert joint.peak(S, none, M) == pytest.approx(mem.peak(Sc, Rc), rel=0.01, abs=0.01 * eager)
