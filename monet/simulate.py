@@ -73,6 +73,9 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
         for a in n.all_input_nodes:
             r = _storage_root(a).name
             last[r] = max(last.get(r, -1), len(nodes) if n is out else pos[n])
+    dies_at: dict[int, list[str]] = {}  # node position -> storages whose last reader it is
+    for r, at in last.items():
+        dies_at.setdefault(at, []).append(r)
     peak, peak_at = sum(live.values()), "start"
     for k, n in enumerate(nodes):
         if n.op == "call_function" and not is_alias(n) and not is_inplace(n):
@@ -91,7 +94,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
             for name in outs:  # outputs nobody reads die with the op
                 if name not in last and name not in held:
                     live.pop(name, None)
-        for r in [r for r, at in last.items() if at == k]:
+        for r in dies_at.get(k, ()):  # was a scan of `last` per node: 153 s of GoogLeNet's 158 s
             if r not in held:
                 live.pop(r, None)
     return peak, peak_at, live

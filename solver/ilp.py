@@ -457,12 +457,12 @@ def relaxation_in_background(graph: OpGraph, mem: MemoryModel, recompute_s: np.n
     return future
 
 
-def relaxation_result(future: Future, deadline: float):
+def relaxation_result(future: Future, deadline: float, grace: float = 2.0):
     """The result of `relaxation_in_background`, waiting until ``deadline`` (a `time.perf_counter`
-    value) at most (2 s after it, for the LP's own time limit to stop it): (None, None, None) if
-    it has no answer by then."""
+    value) at most (``grace`` seconds after it, for the LP's own time limit to stop it): (None,
+    None, None) if it has no answer by then."""
     try:
-        return future.result(timeout=max(0.0, deadline - time.perf_counter()) + 2.0)
+        return future.result(timeout=max(0.0, deadline - time.perf_counter()) + grace)
     except FutureTimeout:
         return None, None, None
 
@@ -561,6 +561,7 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     None for PyTorch's implementations): ``proven`` is False unless the solver proved its optimum
     and nothing beat it.
     """
+    t0 = time.perf_counter()
     peak_of = peak_of or mem.peak
     P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
@@ -576,7 +577,7 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
         run = _solve(problem, solver, time_limit, verbose, start=None if start is None else start[0],
                      gap_abs=1e-4, progress=progress)
     # repaired candidates use PyTorch's implementations (M = None)
-    peak, S, R = smallest_candidate(graph, mem, P.fractional_s(), P.allow_s, peak_of)
+    peak, S, R = smallest_candidate(graph, mem, P.fractional_s(), P.allow_s, peak_of, deadline=t0 + time_limit)
     best, proven = (peak, S, R, None), False
     if P.integral():
         S, R, M = *P.matrices(), P.chosen_options()
