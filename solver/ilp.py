@@ -512,8 +512,6 @@ def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: f
         # most a fifth of the time
         for make in (drop_greedily, drop_windows):
             share = None if deadline is None else time.perf_counter() + 0.2 * (deadline - time.perf_counter())
-            if make is drop_windows and share is None:
-                continue
             found = make(graph, mem, P.allow_s, budget, recompute_s, share)
             if found is not None:
                 cands.append((found[0], found[1], mem.peak(found[0], found[1]), found[2]))

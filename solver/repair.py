@@ -9,6 +9,8 @@ dependency constraints; it is returned only if its memory (the ILP's own express
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from monet.graph import OpGraph
@@ -96,8 +98,6 @@ def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | No
     while ``deadline`` (a `time.perf_counter` value) allows: a simulation of GoogLeNet at batch
     320 takes seconds, and eight of them made the smallest-budget search take 124 s of its 60.
     """
-    import time
-
     ranked = sorted(repaired_candidates(graph, mem, frac_s, allow_s), key=lambda c: c[2])
     if peak_of is None:
         S, R, peak, _ = ranked[0]
@@ -202,16 +202,14 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     moves by the bytes they would free in stages over the budget (the ILP's `MemoryModel`
     rows, the forward pass for windows from stage 0) per second of the node's recomputation,
     `repair`s the ``tries`` best (more while none frees any), and takes the one that removes the
-    most excess bytes per second actually added.  This is the greedy of the rematerialisation heuristics (Chen et al.
-    2016, Sec. 4; Kirisame et al. 2021's cost per byte), on MONeT's stages.
+    most excess bytes per second actually added.  This is the greedy of the rematerialisation
+    heuristics (Chen et al. 2016, Sec. 4; Kirisame et al. 2021's cost per byte), on MONeT's stages.
 
     Why: the checkpoint sets of `candidate_keeps` recompute a value in every stage that reads
     it and drop it even where memory is not short.  On ResNet-50 at batch 184 (cheap lean
     implementations) this start, improved for 15 s, gave 0.6617 / 0.6908 s at 50 / 33 % of
     the plain peak where the checkpoint sets gave 0.6647 / 0.7286-0.7572 s.
     """
-    import time
-
     recompute_s = np.asarray(recompute_s, dtype=float)
     T, G = allow_s.shape
     gnode = mem.group_node
@@ -279,8 +277,6 @@ def improve(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, budg
 
     Returns (S (T, G), R (T, N), recompute seconds).
     """
-    import time
-
     recompute_s = np.asarray(recompute_s, dtype=float)
 
     def descend(S, R, cost):

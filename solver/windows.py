@@ -37,13 +37,14 @@ from monet.solver.repair import drop_windows_of, input_groups_of, repair, stage_
 
 
 def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
-                 recompute_s: np.ndarray, deadline: float, rounds: int = 6):
+                 recompute_s: np.ndarray, deadline: float | None = None, rounds: int = 6):
     """A schedule whose ILP memory fits ``budget`` bytes: (S (T, G), R (T, N), recompute seconds),
-    or None when none is found by ``deadline`` (a `time.perf_counter` value) in ``rounds`` ILPs.
-    See the module docstring."""
+    or None when none is found by ``deadline`` (a `time.perf_counter` value; None: no limit, each
+    ILP up to 10 s) in ``rounds`` ILPs.  See the module docstring."""
     from monet.solver.cbc import CbcUnavailable, solve_cbc
 
     recompute_s = np.asarray(recompute_s, dtype=float)
+    deadline = float("inf") if deadline is None else deadline
     T = allow_s.shape[0]
     gnode = mem.group_node
     inputs = input_groups_of(graph, mem)
