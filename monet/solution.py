@@ -372,7 +372,7 @@ def _clip(line: str, width: int = 240) -> str:
 
 
 def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *, model: str | None = None,
-                     batch_size: int, input_shape: tuple, dtype: str) -> None:
+                     batch_size: int, input_shape: tuple, dtype: str, nodes: tuple[int, int] | None = None) -> None:
     """Raise SolutionMismatchError unless the solution described by `meta` was made for this graph.
 
     Args:
@@ -382,6 +382,9 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
         batch_size: batch size of the call.
         input_shape: shape of one input sample, without the batch dimension.
         dtype: dtype of the call ("float32" or torch.float32).
+        nodes: (forward, backward) node counts of the `OpGraph` the schedule will run on; with the
+            same fingerprint they differ only when the solution's monet grouped the joint graph's
+            ops into nodes differently (node ids in its schedule would then name other ops).
 
     The message lists every difference in model, batch size, input shape and dtype; when those all
     agree but the fingerprint differs, it gives the first differing joint-graph node (index and both
@@ -406,6 +409,11 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
     if diffs:
         raise SolutionMismatchError("the solution was made for another graph: " + "; ".join(diffs))
     if fingerprint == meta.fingerprint:
+        if nodes is not None and tuple(nodes) != (meta.n_fwd, meta.n_bwd):
+            raise SolutionMismatchError(
+                f"the solution's schedule is for {meta.n_fwd} forward and {meta.n_bwd} backward nodes, this "
+                f"monet makes {nodes[0]} and {nodes[1]} of the same graph (the solution was made with monet "
+                f"{meta.monet_version}, which grouped its ops differently): re-solve it")
         return
 
     ours, theirs = list(meta.graph_summary), list(summary)

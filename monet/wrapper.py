@@ -121,7 +121,7 @@ class MONeTWrapper(nn.Module):
     def _check_graph(self, graph):
         meta = self.solution.meta
         check_compatible(meta, graph.fingerprint, graph.summary, batch_size=meta.batch_size,
-                         input_shape=meta.input_shape, dtype=meta.dtype)
+                         input_shape=meta.input_shape, dtype=meta.dtype, nodes=(len(graph.fwd), len(graph.bwd)))
 
     def _check_autocast(self, x: torch.Tensor):
         """The autocast setting in force for ``x``'s device; `AutocastMismatchError` unless it is

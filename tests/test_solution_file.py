@@ -383,6 +383,19 @@ def test_fingerprint_mismatch_with_equal_summaries():
         check_compatible(meta, "f" * 64, ["a", "b"], model=None, batch_size=3, input_shape=(4,), dtype="float32")
 
 
+def test_same_graph_split_into_other_nodes_is_refused(graph):
+    """A solution from a monet that grouped the same joint graph's ops into other nodes (before
+    ``_unsafe_view`` was folded as a view, GPT-2's had 37 more forward nodes) names other ops by
+    its node ids: refused, with both counts."""
+    sol = make_solution(graph)
+    nodes = (len(graph.fwd), len(graph.bwd))
+    compat(sol, graph, nodes=nodes)
+    with pytest.raises(SolutionMismatchError, match=rf"{nodes[0] + 1} forward and {nodes[1]} backward nodes, "
+                                                    rf"this monet makes {nodes[0]} and {nodes[1]}.*re-solve"):
+        sol.meta.n_fwd += 1
+        compat(sol, graph, nodes=nodes)
+
+
 def make_solution_meta(summary):
     return SolutionMeta(model="m", batch_size=3, input_shape=(4,), dtype="float32", budget_bytes=1, mode="m",
                         device="cpu", cost_source="analytic", predicted_peak_bytes=1, eager_peak_bytes=2,

@@ -327,10 +327,13 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
                 and (ctx.root / SCHEDULES / old["file"]).is_file()):
             from monet.solution import load_solution
 
-            _log(f"{name}: kept (already in the zoo for this graph)")
-            records.append(old)
-            built.append((name, load_solution(ctx.root / SCHEDULES / old["file"])))
-            continue
+            kept = load_solution(ctx.root / SCHEDULES / old["file"])
+            # the same graph, unless an older monet grouped its ops into other nodes
+            if (kept.meta.n_fwd, kept.meta.n_bwd) == (len(graph.fwd), len(graph.bwd)):
+                _log(f"{name}: kept (already in the zoo for this graph)")
+                records.append(old)
+                built.append((name, kept))
+                continue
         try:
             sol, wall, found = None, 0.0, None
             try:
@@ -543,7 +546,8 @@ def verify(name: str, graph=None, root: Path | str | None = None) -> dict:
     if graph is None:
         graph = capture_config(rec["model"], rec["batch_size"], rec["input_shape"])
     check_compatible(m, graph.fingerprint, graph.summary, model=rec["model"], batch_size=rec["batch_size"],
-                     input_shape=tuple(rec["input_shape"]), dtype=rec.get("dtype", m.dtype))
+                     input_shape=tuple(rec["input_shape"]), dtype=rec.get("dtype", m.dtype),
+                     nodes=(len(graph.fwd), len(graph.bwd)))
     g = apply_impls(graph, sol.schedule.impl)
     fw, bw = build_modules(g, sol.schedule)
     ws_f, ws_b = workspace_for(graph, rec, Path(root) / PROFILES if root is not None else None)
