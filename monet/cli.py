@@ -356,7 +356,7 @@ def _parse_budget(text: str, eager_peak_bytes: int | None = None) -> int:
 def _cmd_solve(args) -> int:
     from monet.solution import describe, save_solution
     from monet.impls import mode_tokens
-    from monet.solver.solve import eager_peak, min_budget, solve
+    from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
 
     try:
         mode_tokens(args.mode)
@@ -402,7 +402,10 @@ def _cmd_solve(args) -> int:
                        f"time limit {args.time_limit:g} s)") as s:
                 budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit,
                                             device.split(":")[0], cost_fn, progress=_log)
-                s["note"] = f"{_size(budget)}, {'proven minimal' if proven else 'not proven minimal'}"
+                lower = min_budget_lower(graph, costs, args.mode, args.solver, args.time_limit,
+                                         device.split(":")[0], cost_fn)  # the same search, cached
+                s["note"] = f"{_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
+                    "" if proven or lower is None else f"; no schedule below {_size(lower)} (LP bound)")
         elif budget is None:
             budget = _parse_budget(args.budget, eager)
         with _step(f"solving at a budget of {_size(budget)} ({budget} bytes), mode {args.mode}, "

@@ -24,8 +24,8 @@ from monet.simulate import simulate
 from monet.solution import Solution, SolutionMeta
 from monet.impls import MODES, mode_tokens
 from monet.solver.choices import chosen_graph, chosen_impls, implementation_options
-from monet.solver.ilp import (LARGE, InfeasibleBudgetError, problem_size, relaxation_in_background,
-                              relaxation_result, solve_ilp, solve_min_budget)
+from monet.solver.ilp import (LARGE, InfeasibleBudgetError, min_budget_relaxation, problem_size,
+                              relaxation_in_background, relaxation_result, solve_ilp, solve_min_budget)
 from monet.solver.memory_model import MemoryModel, build_memory_model
 
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
@@ -300,6 +300,16 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     fixed = fixed_time(graph, costs, options)
     t0 = time.perf_counter()
     large = problem_size(graph, mem, costs.fwd_recompute, mode)[0] > LARGE
+    if not large:
+        # below the LP relaxation's bound on the smallest budget (0.2 s for VGG-16 at batch 176)
+        # no schedule fits the ILP's memory: only the smallest-budget search's schedule can (the
+        # simulator's peak is a little lower), so the searches below are skipped (VGG-16 at 50 %
+        # of its plain peak was refused in 48 s, most of it spent on them)
+        lower = min_budget_relaxation(graph, mem, mode, 0.1 * time_limit)[0]
+        if lower is not None and budget < lower:
+            first = _smallest_schedule(graph, costs, budget, info, mode, solver, left(), device, cost_fn, ref)
+            first.meta.solve_time_s = time.perf_counter() - t0
+            return first
     res = sol = background = None
     if large:
         # no MIP solver at this size (see LARGE): the joint ILP gives only its LP relaxation's
@@ -365,17 +375,26 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
             sol.meta.gap = max(0.0, 1 - sol.meta.bound_s / sol.meta.objective_s)
         return _better(sol, first, bound, gap)
     if first is None:
-        least, proven, g, c, S, R = _smallest(graph, costs, mode, solver, left(), device, cost_fn)
-        if least > budget:
-            raise InfeasibleBudgetError(budget, least, mode, exact=proven) from None
-        # the smallest-budget schedule fits this budget: use it
-        first = _finish(g, c, S, R, budget=budget, mode=mode, status="heuristic",
-                        solver=solver.upper() + "+min-budget",
-                        objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None,
-                        gap=None, solve_time_s=0.0, info=info or {}, inplace=inplace, eager=eager,
-                        eager_time=eager_time)
+        first = _smallest_schedule(graph, costs, budget, info, mode, solver, left(), device, cost_fn, ref)
     first.meta.solve_time_s = time.perf_counter() - t0
     return _better(None, first, bound, gap)
+
+
+def _smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode: str, solver: str,
+                       time_limit: float, device: str, cost_fn, ref: dict) -> Solution:
+    """The smallest-budget search's schedule (`_smallest`) when it fits ``budget`` bytes (status
+    "heuristic", solver "<name>+min-budget").
+
+    Raises:
+        InfeasibleBudgetError: it does not fit; names the smallest budget found and the LP's bound.
+    """
+    least, proven, g, c, S, R, lower = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
+    if least > budget:
+        raise InfeasibleBudgetError(budget, least, mode, exact=proven, lower_bytes=lower) from None
+    return _finish(g, c, S, R, budget=budget, mode=mode, status="heuristic", solver=solver.upper() + "+min-budget",
+                   objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
+                   solve_time_s=0.0, info=info or {}, inplace=ref["inplace"], eager=ref["eager"],
+                   eager_time=ref["eager_time"])
 
 
 def _solve_fixed(graph, costs, options, impls: dict[str, str], budget: int, info, solver: str,
@@ -423,8 +442,8 @@ def _round_options(options, M_frac) -> dict[str, str]:
 
 def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
               cost_fn=None, progress=None):
-    """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N)) of the
-    smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
+    """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N), the
+    LP relaxation's lower bound in bytes or None) of the smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
     memory-lean implementations (`lean_impls`) if that is smaller.  ``time_limit`` (wall clock)
     covers both: two thirds for the joint ILP, the rest for the lean one.
 
@@ -450,18 +469,19 @@ def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, 
     if not options:
         mem = memory_model(graph, costs)
     first = time_limit * (2 / 3 if options else 1.0)
-    least, proven, S, R, M = solve_min_budget(graph, mem, mode, solver, first,
-                                              peak_of=simulated_peak_fn(graph, costs, mem, inplace),
-                                              progress=progress)
+    least, proven, S, R, M, lower = solve_min_budget(graph, mem, mode, solver, first,
+                                                     peak_of=simulated_peak_fn(graph, costs, mem, inplace),
+                                                     progress=progress)
     g, c = (chosen_graph(graph, costs, options, chosen_impls(options, M)) if M is not None else (graph, costs))
-    best = (least, proven, g, c, mem.group_to_node(S), R)
+    best = (least, proven, g, c, mem.group_to_node(S), R, lower)
     if options:
         g, c = chosen_graph(graph, costs, options, lean_impls(options))
         m = memory_model(g, c)
-        lean, _, S, R, _ = solve_min_budget(g, m, "normal", solver, max(1.0, t_end - time.perf_counter()),
-                                            peak_of=simulated_peak_fn(g, c, m, inplace), progress=progress)
+        lean, _, S, R, _, _ = solve_min_budget(g, m, "normal", solver, max(1.0, t_end - time.perf_counter()),
+                                               peak_of=simulated_peak_fn(g, c, m, inplace), progress=progress)
         if lean < least:
-            best = (lean, False, g, c, m.group_to_node(S), R)
+            # the joint model's bound bounds every implementation set, this one's included
+            best = (lean, lower is not None and lean <= lower, g, c, m.group_to_node(S), R, lower)
     return best
 
 
@@ -476,6 +496,17 @@ def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: 
         return eager_peak(graph, costs), True
     least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress)
     return least, proven
+
+
+def min_budget_lower(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
+                     time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None) -> int | None:
+    """A lower bound (bytes) on `min_budget`'s answer in the ILP's memory model: the LP relaxation
+    of the budget-minimising ILP (`solver.ilp.min_budget_relaxation`), None if it gave no answer
+    in time.  The same search as `min_budget` (cached on the graph: calling both searches once)."""
+    if mode == "none":
+        return eager_peak(graph, costs)
+    lower = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress)[-1]
+    return None if lower is None else int(np.floor(lower))
 
 
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
