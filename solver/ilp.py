@@ -628,7 +628,7 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
               solver: str = "CBC", time_limit: float = 60.0, constant_s: float = 0.0,
               verbose: bool = False, peak_of=None, gap: float = 0.0, progress=None,
-              relaxation: bool = True) -> ILPResult:
+              relaxation: bool = True, smallest: bool = True) -> ILPResult:
     """Minimise recomputation time under a memory budget (bytes).
 
     The solve is started from the cheapest repaired checkpoint schedule whose ILP memory fits
@@ -653,9 +653,12 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         peak_of: ``peak_of(S (T, G), R (T, N)) -> bytes``, the simulator's exact peak of a schedule.
             When the ILP (whose memory is an upper bound) finds nothing, repaired candidates and the
             smallest-budget schedule are accepted if this peak fits the budget (status "heuristic").
+        smallest: when nothing fits, search the smallest budget (`solve_min_budget`) for the error
+            and for a schedule the simulator fits; `solver.solve.solve_full` searches once itself.
 
     Raises:
-        InfeasibleBudgetError: no schedule fits; names the smallest feasible budget.
+        InfeasibleBudgetError: no schedule fits; names the smallest feasible budget (None
+            without ``smallest``).
         RuntimeError: the solver found no schedule within the time limit.
     """
     t0 = time.perf_counter()
@@ -758,6 +761,8 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         best = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
         if start is not None and (best is None or start[1] < best[2]):  # the improved start
             best = (start[3], start[4], start[1])
+        if best is None and not smallest:
+            raise InfeasibleBudgetError(int(budget), None, mode)
         if best is None:
             least, proven, S_min, R_min, _, lower = solve_min_budget(graph, mem, mode, solver, time_limit, verbose,
                                                                      peak_of)

@@ -157,7 +157,7 @@ def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *,
                  solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, mode: str = "normal",
                  inplace: bool = False, eager: int | None = None, eager_time: float | None = None,
-                 gap: float = 0.0, progress=None, relaxation: bool = True) -> Solution:
+                 gap: float = 0.0, progress=None, relaxation: bool = True, smallest: bool = True) -> Solution:
     """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors and
     ``relaxation``).
 
@@ -170,7 +170,7 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | No
     res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
                     time_limit=time_limit, constant_s=const, verbose=verbose,
                     peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress,
-                    relaxation=relaxation)
+                    relaxation=relaxation, smallest=smallest)
     return _finish(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                    solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
@@ -270,7 +270,10 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
        a thread for the whole limit (`solver.ilp.relaxation_in_background`) while the solves of
        step 2 skip their own relaxation and search (`solver.ilp.solve_ilp`'s ``relaxation``).
     3. Only when none of these fits: the fully memory-lean implementations (or those the
-       relaxation leans to), then the smallest-budget search.
+       relaxation leans to) on half of what is left, then the smallest-budget search on the
+       rest (the fixed solves do not search it themselves).  Below `solver.ilp.LARGE`, a budget
+       under the LP relaxation's bound on the smallest budget (`solver.ilp.min_budget_relaxation`)
+       goes to that search at once.
 
     The fastest schedule is returned (status "gap" when it is within ``gap`` of the joint ILP's
     bound, else "heuristic" for a fixed-implementation one).  When none fits, the smallest budget
@@ -280,7 +283,8 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     overrun ``time_limit`` by a few seconds (CBC is stopped 2 s after its share).
 
     Raises:
-        InfeasibleBudgetError: no schedule fits; names the smallest feasible budget found.
+        InfeasibleBudgetError: no schedule fits; names the smallest feasible budget found, and
+            the LP relaxation's bound on it.
     """
     inplace = "inplace" in mode_tokens(mode)
     eager, eager_time = eager_peak(graph, costs), costs.total_time
@@ -354,8 +358,13 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     if first is None and sol is None:
         # nothing fits with those implementations: the leanest ones, or those the relaxation chose
         impls = lean_impls(options) if res is None or res.M is None else _round_options(options, res.M)
-        first = _solve_fixed(graph, costs, options, impls, budget, info, solver, left(), verbose, ref,
-                             relaxation=not large)
+        first = _solve_fixed(graph, costs, options, impls, budget, info, solver,
+                             max(1.0, (t_stop - time.perf_counter()) / 2), verbose, ref, relaxation=not large)
+    if first is None and sol is None:
+        # nothing fits: the smallest-budget search gets what is left, before any wait for the bound
+        # (GPT-2 small at 50 %: after each fixed solve's own search and the relaxation's 55 s it
+        # had 5 s, found 54.7 % where a minute finds 52.1 %, and the error came at 62.6 s)
+        first = _smallest_schedule(graph, costs, budget, info, mode, solver, left(), device, cost_fn, ref)
     # the best bound known: the relaxation's, or the no-recomputation time if that is higher (the
     # relaxation of GoogLeNet at batch 320, 123,000 columns, did not finish in its 24 s)
     floor = no_recompute_bound(graph, costs, options)
@@ -374,8 +383,6 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
             sol.meta.bound_s = min(floor, sol.meta.objective_s)
             sol.meta.gap = max(0.0, 1 - sol.meta.bound_s / sol.meta.objective_s)
         return _better(sol, first, bound, gap)
-    if first is None:
-        first = _smallest_schedule(graph, costs, budget, info, mode, solver, left(), device, cost_fn, ref)
     first.meta.solve_time_s = time.perf_counter() - t0
     return _better(None, first, bound, gap)
 
@@ -404,7 +411,7 @@ def _solve_fixed(graph, costs, options, impls: dict[str, str], budget: int, info
     g, c = chosen_graph(graph, costs, options, impls)
     try:
         sol = solve_normal(g, c, budget, info, solver=solver, time_limit=time_limit, verbose=verbose,
-                           relaxation=relaxation, **ref)
+                           relaxation=relaxation, smallest=False, **ref)
     except InfeasibleBudgetError:
         return None
     if impls:
