@@ -262,7 +262,8 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     1. the joint ILP on 40 % of the limit: its LP relaxation is the bound reported for every
        schedule (or `no_recompute_bound`, when higher or when the relaxation does not finish);
     2. the normal-mode ILP with PyTorch's implementations, and again with the cheap memory-lean
-       implementations fixed (`lean_impls` with ``cheap=True``), each on half of what is left.
+       implementations fixed (`lean_impls` with ``cheap=True``), each on half of what is left
+       (up to a tenth of the limit when the joint ILP's schedule is proven within ``gap``).
        These ILPs are smaller, and CBC or the improved repaired schedules give schedules for them;
        the joint ILP on ResNet-50 (91,000 variables) finds none in a minute (see BENCHMARKS.md,
        "Solver at full scale"): its own improved start, with PyTorch's implementations, competes.
@@ -287,11 +288,11 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
             the LP relaxation's bound on it.
     """
     inplace = "inplace" in mode_tokens(mode)
-    eager, eager_time = eager_peak(graph, costs), costs.total_time
     options, mem = full_model(graph, costs, mode, device, cost_fn, progress)
     # the limit is the solver's: measuring the implementation options (the demo's CPU profile:
     # 20-30 s of its 30 s limit) left the searches a few seconds, and the demo a +440 % schedule
     t_end = time.perf_counter() + time_limit
+    eager, eager_time = eager_peak(graph, costs), costs.total_time
     ref = dict(mode=mode, inplace=inplace, eager=eager, eager_time=eager_time, gap=gap, progress=progress)
 
     def left() -> float:
@@ -342,15 +343,21 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
         # the local search is what finds schedules at this size, and it stops at its deadline:
         # two thirds of the time to the set that is faster with nothing recomputed (ResNet-50 at
         # batch 184: the cheap lean implementations, 0.6139 s against PyTorch's 0.6245 s; with
-        # equal shares PyTorch's schedule was the slower one at 70 / 50 / 33 %), and 2 s kept
-        # for building and simulating the schedules after it (GPT-2 small: 1.5 s overran by 0.2 s)
+        # equal shares PyTorch's schedule was the slower one at 70 / 50 / 33 %), and 3 s kept
+        # for building and simulating the schedules after it (GPT-2 small: 1.5 s overran the
+        # limit by 0.2 s, 2 s by 0.1 s)
         base = [sum(_option_seconds(o) for o in options if o.impl == impls.get(o.key, "default")) for impls in sets]
         weights = [2.0 if b == min(base) else 1.0 for b in base] if len(set(base)) > 1 else weights
-        t_stop = t_end - 2.0
+        t_stop = t_end - 3.0
     for k, impls in enumerate(sets):
         share = max(1.0, (t_stop - time.perf_counter()) * weights[k] / sum(weights[k:]))
         if not impls and time_limit <= 10:
             share = time_limit
+        if sol is not None and sol.meta.status in ("optimal", "gap"):
+            # the joint schedule is proven within the gap in the ILP's memory: a fixed set can
+            # beat it only with a repaired schedule the simulator fits (its start), not in CBC
+            # (VGG-16 at 60 %: proven in 1 s, then 20 s in the solve with PyTorch's kernels)
+            share = min(share, max(2.0, 0.1 * time_limit))
         cand = _solve_fixed(graph, costs, options, impls, budget, info, solver, share, verbose, ref,
                             relaxation=not large)
         if cand is not None and (first is None or cand.meta.objective_s < first.meta.objective_s):
