@@ -21,6 +21,7 @@ from torch.fx.graph import _BoxedCodeGen
 
 from monet.graph import OpGraph, TANGENT, is_alias
 from monet.inplace import make_inplace
+from monet.rng import STATE_PREFIX, Replay, random_op_device, rng_state, state_meta
 from monet.solution import Schedule
 
 
@@ -42,8 +43,11 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         reads); ``placeholders`` maps those joint names to the body's placeholder nodes.
 
     Raises:
-        ScheduleError: a stage reads a value the schedule neither keeps nor recomputes, or the
-            schedule recomputes a random op (dropout), which would draw a different mask.
+        ScheduleError: a stage reads a value the schedule neither keeps nor recomputes.
+
+    A random op (dropout) the schedule recomputes runs with the generator state saved before it ran
+    in the forward pass (`monet.rng`): ``saved`` then also names that state, as
+    ``monet.rng.STATE_PREFIX`` + the op's FX name, and ``placeholders`` maps it.
     """
     joint = graph.joint
     nodes = _by_name(joint)
@@ -102,6 +106,20 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             return permanent[n.name]
         raise ScheduleError(f"{n.name} is read before it is computed")
 
+    def replay_random(n: fx.Node, arg) -> fx.Node:
+        # the op again, drawing from the generator state the forward pass saved before it
+        name = STATE_PREFIX + n.name
+        device = random_op_device(n)
+        if name not in placeholders:
+            p = body.placeholder(name)
+            p.meta = {"val": state_meta(device)}
+            placeholders[name] = p
+            saved.append(name)
+        copy = body.call_function(Replay(n.target, device), (placeholders[name],) + tuple(fx.map_arg(n.args, arg)),
+                                  dict(fx.map_arg(n.kwargs, arg)))
+        copy.meta = dict(n.meta)
+        return copy
+
     # forward values kept from the forward pass become placeholders when first read
     kept_from_forward = set(schedule.saved)
     for i in schedule.saved:
@@ -111,12 +129,12 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         stage_of["t"] = t
         for i in stage.recompute:
             fnode = graph.fwd[i]
-            if fnode.random:
-                raise ScheduleError(f"forward node {i} ({fnode.op}) draws random numbers and cannot be recomputed; "
-                                    "it must be kept")
             env: dict[str, fx.Node] = {}
             for name in fnode.fx_names:
-                copy = body.node_copy(nodes[name], lambda a: env[a.name] if a.name in env else lookup(a))
+                if fnode.random and name == fnode.name:
+                    copy = replay_random(nodes[name], lambda a: env[a.name] if a.name in env else lookup(a))
+                else:
+                    copy = body.node_copy(nodes[name], lambda a: env[a.name] if a.name in env else lookup(a))
                 copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
                 env[name] = copy
             available[i] = env
@@ -157,24 +175,40 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     # recomputed ops that use them to compute new statistics, which are dropped; AOTAutograd
     # stashes such tensors without the version-counter check, at the end of the saved values.
     unchecked = [s for s in saved if graph.primal_kinds.get(s) == "buffer"]
-    saved = [s for s in saved if s not in unchecked] + unchecked
+    states = [s for s in saved if s.startswith(STATE_PREFIX)]  # generator states (`monet.rng`)
+    checked = [s for s in saved if s not in unchecked and s not in states]
+    saved = checked + states + unchecked
     fwd_outputs, _, fwd_descs, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=graph.num_fwd_outputs)
     placeholders = list(joint.graph.find_nodes(op="placeholder"))
     primals = [p for p in placeholders if _is_primal(p)]
     tangents = [p for p in placeholders if _is_tangent(p)]
-    saved_nodes = [nodes[s] for s in saved]
+    saved_nodes = [nodes[s] for s in checked + unchecked]
     fw_graph = _extract_graph_with_inputs_outputs(
         joint.graph, primals, fwd_outputs + saved_nodes,
         fwd_descs + [SavedForBackwardsAOTOutput(i) for i in range(len(saved_nodes))], "forward")
     for n in fw_graph.find_nodes(op="placeholder"):
         if n.name in unchecked:
             n.meta["saved_tensor_with_no_vc_check"] = True
+    if states:  # save each recomputed random op's generator state right before it runs
+        by_name = {n.name: n for n in fw_graph.nodes}
+        state_nodes = []
+        for s in states:
+            op = by_name[s[len(STATE_PREFIX):]]
+            with fw_graph.inserting_before(op):
+                state_nodes.append(fw_graph.call_function(rng_state, (random_op_device(op),)))
+            state_nodes[-1].meta = dict(ph[s].meta)
+        out = next(iter(fw_graph.find_nodes(op="output")))
+        vals = list(out.args[0])
+        at = len(fwd_outputs) + len(checked)
+        vals[at:at] = state_nodes
+        out.args = (tuple(vals),)
+        out.meta["desc"] = fwd_descs + [SavedForBackwardsAOTOutput(i) for i in range(len(saved))]
 
     bw_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for name in saved + [t.name for t in tangents]:
         p = bw_graph.placeholder(name)
-        p.meta = dict(nodes[name].meta)
+        p.meta = dict(ph[name].meta if name in states else nodes[name].meta)
         if name in ph:
             env[ph[name]] = p
     for n in body.nodes:

@@ -31,7 +31,8 @@ TANGENT = "tangents"
 
 
 def is_random(node: fx.Node) -> bool:
-    """True for ops that draw random numbers (dropout, rand, bernoulli ...): never recomputed."""
+    """True for ops that draw random numbers (dropout, rand, bernoulli ...): recomputed with the
+    generator state saved before they ran in the forward pass (`monet.rng`)."""
     target = node.target
     if getattr(target, "_monet_random", False):  # an implementation kernel wrapping a random op
         return True

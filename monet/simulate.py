@@ -114,6 +114,9 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
     bwd_id = {n.name: n.id for n in graph.bwd}
 
     def ws(n: fx.Node) -> int:
+        return node_ws(n) + getattr(n.target, "scratch_bytes", 0)  # a replayed random op (`monet.rng`)
+
+    def node_ws(n: fx.Node) -> int:
         tag = n.meta.get("monet")
         if tag is None:
             if n.name in fwd_id and fwd_workspace is not None:

@@ -10,8 +10,9 @@ nodes i = 0..N-1):
 Constraints: a stage's backward node reads only values kept or recomputed in it
 (``R[t, i] + S[t, i] >= 1`` for i in D(t)); a recomputed node reads only values kept or recomputed
 before it in the stage (``R[t, j] <= R[t, i] + S[t, i]`` for an edge i -> j); a value is kept only if
-it was kept or recomputed in the previous stage (``S[t+1, i] <= S[t, i] + R[t, i]``); random ops are
-never recomputed; and the memory of the forward pass and of every stage fits the budget
+it was kept or recomputed in the previous stage (``S[t+1, i] <= S[t, i] + R[t, i]``); random ops
+(dropout) are recomputed like any other, replaying the generator state saved before they ran
+(`monet.rng`); and the memory of the forward pass and of every stage fits the budget
 (`solver.memory_model`: in stage t, ``U[t]`` bounds the bytes live throughout it, with
 ``K[t, g] >= S[t+1, g] + R[t, node(g)] - 1`` for a recomputed value kept into the next stage, and
 there is one row for the backward node and one per recomputed node, as MONeT's per-operator rows;
@@ -129,13 +130,12 @@ class _Problem:
             for i in set(gnode[reads[t]].tolist()):
                 need[t, i] = True
                 need[t, list(anc[i])] = True
-        random = np.array([n.random for n in graph.fwd], dtype=bool)
         useful = np.zeros(N, dtype=bool)
         useful[gnode] = True
         need &= useful[None, :]
         if not prune:  # MONeT's plain formulation, for contrast (`monet bench-solver`): R everywhere
             need = np.broadcast_to(useful[None, :], (T, N)).copy()
-        allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need & ~random[None, :]
+        allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need
         # forward edges at group level: node j reads group g
         edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
         eg = np.array([e[0] for e in edges], dtype=int)
@@ -215,6 +215,18 @@ class _Problem:
             fwd = fwd + sp.csr_matrix(mem.fwd_keep / scale) @ Sf[:G]
         if O:
             fwd = fwd + sp.csr_matrix(mem.fwd_opt / scale) @ Mv
+        # generator states of recomputed random nodes (`monet.rng`): Z[i] >= R[t, i], their bytes
+        # from node i on in the forward pass and through every stage
+        rng_bytes = mem.rng_state_bytes if mem.rng_state_bytes is not None else np.zeros(N)
+        zi = np.flatnonzero((rng_bytes > 0) & allow_r.any(axis=0))
+        rng_u = 0.0
+        if len(zi):
+            Z = cp.Variable(len(zi), nonneg=True, name="Z")
+            tt, kk = np.nonzero(allow_r[:, zi])
+            cons.append(sel(kk, len(zi)) @ Z >= sel(tt * N + zi[kk], TN) @ Rf)
+            after = (np.arange(N)[:, None] >= zi[None, :]) * (rng_bytes[zi][None, :] / scale)
+            fwd = fwd + sp.csr_matrix(after) @ Z
+            rng_u = rng_bytes[zi] / scale @ Z
         self.fwd_mem = fwd
         # backward stages (rows of `solver.memory_model`): U[t] >= what lives through stage t, the
         # constants, kept groups and recomputed groups kept into t + 1 (K[t, g] >= S[t+1, g] +
@@ -222,7 +234,7 @@ class _Problem:
         MS = sp.csr_matrix((np.tile(mem.saved_bytes, T) / scale, (np.repeat(np.arange(T), G), np.arange(TG))),
                            shape=(T, TG))
         U = cp.Variable(T, name="U")
-        u_expr = mem.bwd_const / scale + MS @ Sf
+        u_expr = mem.bwd_const / scale + MS @ Sf + rng_u
         if O and mem.live_opt is not None and mem.live_opt.any():
             u_expr = u_expr + sp.csr_matrix(mem.live_opt / scale) @ Mv
         kt, kg = np.nonzero(allow_s[1:] & allow_r[:-1][:, gnode]) if T > 1 else (np.zeros(0, int),) * 2

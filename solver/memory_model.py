@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monet.graph import OpGraph
+from monet.rng import random_op_device, state_meta
 
 
 @dataclass
@@ -92,13 +93,17 @@ class MemoryModel:
         saved_bytes: (G,) bytes a kept group holds.
         out_bytes: (N,) bytes a recomputed forward node allocates (largest over its options).
         fwd_workspace: (N,) workspace of each forward node when recomputed (0 for choice nodes:
-            see rec_ws).
+            see rec_ws), with a random node's generator state held during its replay (`monet.rng`).
         rec_ws: list of (node, option, bytes): a choice node's workspace under an option.
         reads: (K, 3) int array of (stage t, group g, option o or -1): stage t reads g (if o).
         fwd_last_reader: (N,) the last forward node that reads an output of node j (-1: none).
         bwd_read_node: (T, N) bool: backward node t reads a value of node j (under some option).
         options: the `Option` list; ``choices``: option indices per choice.
         constant: parameters + buffers + input + output gradient.
+        rng_state_bytes: (N,) generator state the executor saves before random node k if some
+            stage recomputes it (`monet.rng`; 5,056 bytes on CPU, 16 on CUDA; 0 for other
+            nodes).  Counted from node k on in the forward pass and through every stage (the
+            executor frees it after its last recomputation) if R recomputes node k anywhere.
     """
 
     fwd_const: np.ndarray
@@ -122,6 +127,7 @@ class MemoryModel:
     fwd_last_reader: np.ndarray = None
     bwd_read_node: np.ndarray = None
     live_opt: np.ndarray = None
+    rng_state_bytes: np.ndarray = None
 
     @property
     def n_options(self) -> int:
@@ -146,10 +152,20 @@ class MemoryModel:
             M[opts[0]] = 1.0
         return M
 
-    def fwd_peak(self, keep: np.ndarray, M: np.ndarray | None = None) -> float:
-        """Peak of the forward pass for a keep vector (G,) of 0/1 over groups and options M (O,)."""
+    def rng_saved(self, R: np.ndarray | None) -> np.ndarray:
+        """(N,) bytes of generator state saved per forward node for recomputations R (T, N)
+        (`rng_state_bytes` where some stage recomputes the node; zeros for R None)."""
+        if R is None or self.rng_state_bytes is None:
+            return np.zeros(len(self.fwd_const))
+        return self.rng_state_bytes * (np.asarray(R) > 0.5).any(axis=0)
+
+    def fwd_peak(self, keep: np.ndarray, M: np.ndarray | None = None, R: np.ndarray | None = None) -> float:
+        """Peak of the forward pass for a keep vector (G,) of 0/1 over groups, options M (O,) and
+        the recomputations R (T, N) of the backward pass, whose random nodes' generator states
+        the forward pass saves (None: no random node recomputed)."""
         M = self.default_options() if M is None else np.asarray(M, dtype=float)
-        return float(np.max(self.fwd_const + self.fwd_keep @ np.asarray(keep, dtype=float) + self.fwd_opt @ M))
+        return float(np.max(self.fwd_const + self.fwd_keep @ np.asarray(keep, dtype=float) + self.fwd_opt @ M
+                            + np.cumsum(self.rng_saved(R))))
 
     def kept_into_next(self, S: np.ndarray, R: np.ndarray) -> np.ndarray:
         """(T, G) bool: groups recomputed in stage t (or not kept at its start) and kept into t + 1."""
@@ -173,7 +189,8 @@ class MemoryModel:
         M = self.default_options() if M is None else np.asarray(M, dtype=float)
         S = np.asarray(S) > 0.5
         R = np.asarray(R) > 0.5
-        U = self.bwd_const + S @ self.saved_bytes + self.kept_into_next(S, R) @ self.saved_bytes
+        U = self.bwd_const + S @ self.saved_bytes + self.kept_into_next(S, R) @ self.saved_bytes \
+            + self.rng_saved(R).sum()
         if self.n_options and self.live_opt is not None:
             U = U + self.live_opt @ M
         peaks = U + (R & self.bwd_read_node) @ self.out_bytes + self.bwd_extra + self.bwd_opt @ M
@@ -192,7 +209,7 @@ class MemoryModel:
 
     def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None) -> float:
         """The ILP's peak for a schedule: max of the forward and every backward stage (bytes)."""
-        return max(self.fwd_peak(np.asarray(S)[0], M), float(self.bwd_peaks(S, R, M).max()))
+        return max(self.fwd_peak(np.asarray(S)[0], M, R), float(self.bwd_peaks(S, R, M).max()))
 
 
 class _Index:
@@ -213,6 +230,18 @@ class _Index:
 
     def node(self, g: OpGraph, name: str) -> int:
         return self._of(g)[1][g.values[name].producer]
+
+
+def rng_state_bytes(graph: OpGraph) -> np.ndarray:
+    """(N,) bytes of the generator state saved for each forward node that draws random numbers
+    (0 for the others), on the device it draws on (`monet.rng`)."""
+    out = np.zeros(len(graph.fwd))
+    random = {n.name: n.id for n in graph.fwd if n.random}
+    if random:
+        for fx_node in graph.joint.graph.nodes:
+            if fx_node.name in random:
+                out[random[fx_node.name]] = state_meta(random_op_device(fx_node)).nbytes
+    return out
 
 
 def _last_readers(graph: OpGraph):
@@ -362,6 +391,7 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
                     fwd_keep[i + 1:, group_index[k]] += g.values[v].nbytes
         fwd_opt[i, o] += max(0.0, float(opt.fwd_workspace[i]))
     fwd_const += constant
+    rng_bytes = rng_state_bytes(graph)
 
     # ---- backward stages
     bwd_live = _bwd_live(graph, last_b)
@@ -398,7 +428,9 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
             out_bytes[opt.node] = max(out_bytes[opt.node], opt.graph.fwd[opt.node].out_bytes)
             fws_rec[opt.node] = 0.0
             if opt.fwd_workspace[opt.node] > 0:
-                rec_ws.append((opt.node, o, float(opt.fwd_workspace[opt.node])))
+                rec_ws.append((opt.node, o, float(opt.fwd_workspace[opt.node]) + rng_bytes[opt.node]))
+    # a recomputed random node holds the generator's current state while it replays the saved one
+    fws_rec += rng_bytes
 
     # ---- what each stage reads: (t, group, option or -1)
     reads = []
@@ -424,4 +456,4 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
                        group_node=np.array(group_node, dtype=int), group_of=group_of,
                        group_option=group_option, fwd_opt=fwd_opt, bwd_opt=bwd_opt, rec_ws=rec_ws,
                        reads=reads, options=options, choices=choices, fwd_last_reader=fwd_last_reader,
-                       bwd_read_node=bwd_read_node)
+                       bwd_read_node=bwd_read_node, rng_state_bytes=rng_bytes)

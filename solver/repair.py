@@ -20,14 +20,12 @@ from monet.solver.memory_model import MemoryModel
 def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A valid (S (T, G), R (T, N)) that keeps groups where ``keep`` (T, G) says and recomputes the rest.
 
-    Groups of random nodes (dropout) are kept from the forward pass while needed: they cannot be
-    recomputed.  A kept group that no later stage reads before it is recomputed again is dropped
+    A kept group that no later stage reads before it is recomputed again is dropped
     (`_trim`): ``keep`` may say "keep" for stages that only *might* need a group.
     """
     T, N, G = len(graph.bwd), len(graph.fwd), len(mem.groups)
     gnode = mem.group_node
-    random_groups = np.array([graph.fwd[i].random for i in gnode], dtype=bool)
-    keep = np.asarray(keep, dtype=bool) | (random_groups[None, :] & allow_s)
+    keep = np.asarray(keep, dtype=bool)
     node_groups: list[list[int]] = [[] for _ in range(N)]
     for g, i in enumerate(gnode):
         node_groups[i].append(g)
@@ -178,11 +176,9 @@ def stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray, input_groups) -
 def drop_windows_of(graph: OpGraph, mem: MemoryModel, S: np.ndarray, used: np.ndarray):
     """The drop windows of a schedule: (node j, a, b, j's groups) for each run of stages [a, b)
     in which S (T, G) keeps some of j's values and no stage reads them, b reads them (``used``,
-    `stage_reads`), and a is 0 or the stage after the previous read.  Random nodes have none."""
+    `stage_reads`), and a is 0 or the stage after the previous read."""
     gnode = mem.group_node
     for j in np.unique(gnode[S.any(axis=0)]):
-        if graph.fwd[j].random:
-            continue
         gs = np.flatnonzero(gnode == j)
         kept = S[:, gs].any(axis=1)
         a = 0
@@ -219,7 +215,7 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
 
     def excess(S, R):
         over = np.maximum(mem.bwd_peaks(S, R) - budget, 0.0)
-        return over, max(mem.fwd_peak(S[0]) - budget, 0.0)
+        return over, max(mem.fwd_peak(S[0], R=R) - budget, 0.0)
 
     over, fover = excess(S, R)
     while over.any() or fover > 0:

@@ -49,7 +49,7 @@ def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: 
     gnode = mem.group_node
     inputs = input_groups_of(graph, mem)
     S0, R0 = repair(graph, mem, allow_s, allow_s)
-    P0, F0 = mem.bwd_peaks(S0, R0), mem.fwd_peak(S0[0])
+    P0, F0 = mem.bwd_peaks(S0, R0), mem.fwd_peak(S0[0], R=R0)
     used = stage_reads(graph, mem, R0, inputs)
 
     def dropped(chosen):  # keep-everything without the chosen windows (kept again from b on)
@@ -63,7 +63,7 @@ def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: 
         if time.perf_counter() >= deadline:
             return None
         S1, R1 = dropped([(j, a, b)])
-        d, df = P0 - mem.bwd_peaks(S1, R1), F0 - mem.fwd_peak(S1[0])
+        d, df = P0 - mem.bwd_peaks(S1, R1), F0 - mem.fwd_peak(S1[0], R=R1)
         if (d > 0).any() or df > 0:
             wins.append((j, a, b))
             cost.append(float(recompute_s @ R1.sum(axis=0)))
@@ -86,7 +86,7 @@ def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: 
         if x.value is None:
             return None
         S, R = dropped([wins[k] for k in np.flatnonzero(x.value > 0.5)])
-        peaks, fpeak = mem.bwd_peaks(S, R), mem.fwd_peak(S[0])
+        peaks, fpeak = mem.bwd_peaks(S, R), mem.fwd_peak(S[0], R=R)
         if max(peaks.max(), fpeak) <= budget:
             return S, R, float(recompute_s @ R.sum(axis=0))
         slack += np.maximum(peaks - budget, 0.0)

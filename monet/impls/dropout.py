@@ -12,7 +12,8 @@ def dropout_bitmask_forward(x: torch.Tensor, p: float, train):
     x: float tensor, any shape, numel n. Returns (out, packed): out exactly as
     aten.native_dropout(x, p, train) gives it (same random numbers drawn, so bitwise equal
     under the same seed), packed = pack_bits(mask), flat uint8 of ceil(n / 8) bytes.
-    Draws random numbers: never recompute it (attribute `_monet_random`).
+    Draws random numbers (attribute `_monet_random`): recomputed with the forward pass's
+    generator state (`monet.rng`).
     """
     out, mask = aten.native_dropout.default(x, p, train)
     return out, pack_bits(mask)
