@@ -45,8 +45,10 @@ def rng_state(device: str) -> torch.Tensor:
 
 def state_meta(device: str) -> torch.Tensor:
     """A tensor on the meta device shaped like ``device``'s generator state (`rng_state`): the
-    traced value (``meta['val']``) of a saved state, for the simulator and the ILP's memory model."""
-    state = rng_state(device)
+    traced value (``meta['val']``) of a saved state, for the simulator and the ILP's memory model.
+    A graph traced on the meta device (solving for a GPU without one) gets the CPU generator's
+    size, the larger: an upper bound wherever the schedule runs."""
+    state = rng_state("cpu" if torch.device(device).type == "meta" else device)
     return torch.empty(state.shape, dtype=state.dtype, device="meta")
 
 

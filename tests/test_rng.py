@@ -84,3 +84,13 @@ def test_generator_state_is_saved_only_for_recomputed_random_ops(recompute_all):
     fw2, bw2 = build_modules(graph, keep_all)
     assert not [n for n in bw2.graph.nodes if n.name.startswith("monet_rng_state_")]
     assert simulate(graph, fw, bw).saved_bytes < simulate(graph, fw2, bw2).saved_bytes
+
+
+def test_meta_graph_counts_the_cpu_generator_state():
+    """Graphs traced on the meta device (the zoo's and bench-solver's, solved for a GPU) count the
+    larger, CPU-sized state; executing a replay there is refused with a message."""
+    from monet.rng import rng_state, state_meta
+
+    assert state_meta("meta").nbytes == torch.get_rng_state().nbytes
+    with pytest.raises(NotImplementedError, match="meta"):
+        rng_state("meta")
