@@ -27,18 +27,22 @@ def _model():
                          nn.Flatten(), nn.Linear(8 * 8 * 8, 4))
 
 
-@pytest.fixture(scope="module")
-def recompute_all():
-    """The model, its input, graph, costs, and the schedule that keeps nothing it can recompute."""
-    model = _model()
-    x = torch.randn(4, 3, 8, 8)
+def _keep_nothing(model, x):
+    """(graph, costs, the schedule that keeps nothing it can recompute) of ``model`` at ``x``."""
     graph = capture(model, x)
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
     P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
-    sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
-    return model, x, graph, costs, sched
+    return graph, costs, schedule_from_matrices(graph, mem.group_to_node(S), R)
+
+
+@pytest.fixture(scope="module")
+def recompute_all():
+    """The model, its input, graph, costs, and the schedule that keeps nothing it can recompute."""
+    model = _model()
+    x = torch.randn(4, 3, 8, 8)
+    return (model, x) + _keep_nothing(model, x)
 
 
 def test_dropout_is_recomputable(recompute_all):
@@ -104,12 +108,7 @@ def test_recomputed_dropout_on_cuda_replays_the_cuda_generator():
     the step are the same."""
     model = _model().cuda()
     x = torch.randn(4, 3, 8, 8, device="cuda")
-    graph = capture(model, x)
-    costs = costs_for(graph, analytic_costs(graph))
-    mem = memory_model(graph, costs)
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
-    S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
-    sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
+    graph, _, sched = _keep_nothing(model, x)
     assert any(graph.fwd[i].random for st in sched.stages for i in st.recompute)
     g = torch.randn_like(model(x))
 
