@@ -455,11 +455,7 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
     """
     P = _Problem(graph, mem, recompute_s, mode, relax=True, recompute_rows=False)
     relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
-    try:
-        relaxed.solve(solver=cp.SCIPY, scipy_options={"method": "highs", "time_limit": float(time_limit)})
-    except cp.error.SolverError:
-        return None, None, None
-    if relaxed.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
+    if not _solve_lp(relaxed, time_limit):
         return None, None, None
     frac_m = None if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
     return float(relaxed.value), P.fractional_s(), frac_m
@@ -481,13 +477,19 @@ def min_budget_relaxation(graph: OpGraph, mem: MemoryModel, mode: str = "normal"
     P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode, relax=True, recompute_rows=False)
     b = P.budget_var
     relaxed = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
+    if not _solve_lp(relaxed, time_limit):
+        return None, None
+    return float(relaxed.value) * P.scale, P.fractional_s()
+
+
+def _solve_lp(relaxed: cp.Problem, time_limit: float) -> bool:
+    """Solve an LP relaxation with HiGHS through scipy (see `lp_relaxation` for why); True when it
+    has an optimal value within ``time_limit`` seconds."""
     try:
         relaxed.solve(solver=cp.SCIPY, scipy_options={"method": "highs", "time_limit": float(time_limit)})
     except cp.error.SolverError:
-        return None, None
-    if relaxed.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or relaxed.value is None:
-        return None, None
-    return float(relaxed.value) * P.scale, P.fractional_s()
+        return False
+    return relaxed.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) and relaxed.value is not None
 
 
 def relaxation_in_background(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
