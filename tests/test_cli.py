@@ -109,9 +109,11 @@ def test_check_json(solved, capsys):
     assert CHECK_KEYS <= result.keys()
     assert result["peak_bytes"] <= result["budget_bytes"]
     assert result["grad_rel_error"] <= 1e-5
-    # bitwise on CPU when only recomputation is used; other kernels (conv algorithms, masks) round
-    # differently, within 1e-5 (checked above)
-    assert result["grads_bitwise_equal"] is (not load_solution(out).schedule.impl)
+    # bitwise on CPU when only recomputation is used. Other implementations may round differently
+    # (conv algorithms) within 1e-5, checked above, or not at all (relu.store_input), so with them
+    # bitwise equality is neither required nor ruled out.
+    if not load_solution(out).schedule.impl:
+        assert result["grads_bitwise_equal"] is True
     assert result["peak_bytes"] < result["eager_measured_peak_bytes"]
     assert result["overhead"] is None  # not asked for
 
