@@ -130,11 +130,15 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         for i in stage.recompute:
             fnode = graph.fwd[i]
             env: dict[str, fx.Node] = {}
+
+            def arg(a: fx.Node, env=env) -> fx.Node:
+                return env[a.name] if a.name in env else lookup(a)
+
             for name in fnode.fx_names:
                 if fnode.random and name == fnode.name:
-                    copy = replay_random(nodes[name], lambda a: env[a.name] if a.name in env else lookup(a))
+                    copy = replay_random(nodes[name], arg)
                 else:
-                    copy = body.node_copy(nodes[name], lambda a: env[a.name] if a.name in env else lookup(a))
+                    copy = body.node_copy(nodes[name], arg)
                 copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
                 env[name] = copy
             available[i] = env
