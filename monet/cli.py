@@ -270,23 +270,12 @@ def _resolve_device(text: str | None) -> str:
 
 def _device_spec(gpu_spec: str | None, device: str):
     """The roofline model for --cost analytic: --gpu-spec, else the visible GPU's, else the CPU's."""
-    import torch
+    from monet.profiling.sources import device_spec
 
-    from monet.profiling.costs import PRESETS, DeviceSpec
-
-    if gpu_spec:
-        try:
-            return DeviceSpec.named(gpu_spec)
-        except ValueError as e:
-            raise CLIError(str(e)) from None
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(torch.device(device)).lower() if torch.cuda.is_available() else ""
-        for key in sorted(PRESETS, key=len, reverse=True):  # "h100-pcie" before "h100"
-            if key.replace("-", " ") in name.replace("-", " "):
-                return PRESETS[key]
-        raise CLIError(f"no analytic model for GPU {name or '(none visible)'!r}: pass --gpu-spec "
-                       f"({', '.join(sorted(PRESETS))}) or use --cost profile")
-    return DeviceSpec.cpu_default()
+    try:
+        return device_spec(gpu_spec, device)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _autocast_dtype(name: str | None, device: str, on: str):
@@ -424,44 +413,22 @@ def _cmd_solve(args) -> int:
 
 
 def _costs_table(cost: str, model, x, graph, device: str, gpu_spec, cache_dir):
-    """The cost table for --cost analytic, hybrid or profile."""
-    from monet.profiling.costs import analytic_costs
+    """The cost table for --cost analytic, hybrid or profile (`monet.profiling.sources`)."""
+    from monet.profiling.sources import cost_table
 
-    if cost == "profile":
-        return _profile_table(model, x, graph, device, cache_dir)
-    table = analytic_costs(graph, _device_spec(gpu_spec, device))
-    if cost == "hybrid":
-        table = _with_measured_workspace(table, model, x, graph, device, cache_dir)
-    return table
+    _device_spec(gpu_spec, device)  # an unknown preset is a CLI error before any measurement
+    try:
+        return cost_table(cost, model, x, graph, device, gpu_spec, cache_dir)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _cost_fn(cost: str, model, x, graph, table, device: str, gpu_spec):
     """Costs of the variant graphs of operator implementations, made the way --cost made ``table``."""
-    from monet.profiling.profiler import hybrid_cost_fn
-    from monet.solver.solve import analytic_cost_fn
+    from monet.profiling.sources import variant_cost_fn
 
-    spec = _device_spec(gpu_spec, device)
-    if cost == "analytic":
-        return analytic_cost_fn(spec)
-    return hybrid_cost_fn(model, x, graph, table, device, spec, measure=cost)
-
-
-def _with_measured_workspace(table, model, x, graph, device: str, cache_dir):
-    """``table`` with each operator's workspace from a quick profile (one timed run per operator).
-
-    The quick profile is cached apart from full profiles (``<cache>/quick``), so its one-run times
-    never stand in for a ``--cost profile`` measurement.
-    """
-    from monet.profiling.costs import validate_costs
-    from monet.profiling.profiler import default_cache_dir
-
-    quick_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "quick"
-    prof = _profile_table(model, x, graph, device, quick_dir, repeats=1, warmup=0, progress=False)
-    ws = prof.set_index(["kind", "node"])["workspace_bytes"]
-    table = table.copy()
-    table["workspace_bytes"] = [int(ws.get((k, n), 0)) for k, n in zip(table["kind"], table["node"])]
-    table["source"] = table["source"] + "+measured-workspace"
-    return validate_costs(table)
+    _device_spec(gpu_spec, device)
+    return variant_cost_fn(cost, model, x, graph, table, device, gpu_spec)
 
 
 def _cost_arrays(graph, table):

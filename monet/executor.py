@@ -101,6 +101,9 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         if n.op == "placeholder":
             permanent[n.name] = placeholder(n.name)
             return permanent[n.name]
+        if n.op == "get_attr":  # a constant lifted into the graph (Swin's relative position index ...)
+            permanent[n.name] = body.node_copy(n)
+            return permanent[n.name]
         if is_alias(n):  # view of a primal, tangent or backward value
             permanent[n.name] = body.node_copy(n, lookup)
             return permanent[n.name]

@@ -215,6 +215,11 @@ class Solution:
                 and self.S.dtype == other.S.dtype and self.R.dtype == other.R.dtype
                 and np.array_equal(self.S, other.S) and np.array_equal(self.R, other.R))
 
+    def save(self, path) -> None:
+        """Write the solution file (`save_solution`), e.g. to load it later with
+        ``MONeTWrapper(model, path)``."""
+        save_solution(self, path)
+
 
 def _dtype_name(dtype) -> str:
     """"torch.float32" or torch.float32 -> "float32"."""

@@ -1,13 +1,17 @@
 """`MONeTWrapper`: train a model with a solved schedule, as a drop-in ``nn.Module``."""
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn as nn
+import torch.utils._pytree as pytree
 
-from monet.capture import kinds_by_name, primal_kinds, trace_joint
 from monet.executor import build_modules
+from monet.frontend import export, kinds_by_name, primal_kinds, trace
 from monet.graph import build_opgraph
 from monet import mixed_precision
+from monet.inputs import ExampleInputs
 from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
                             check_compatible, load_solution)
 
@@ -21,35 +25,87 @@ def _boxed_backward(gm, _example_inputs):
     return gm  # build_modules already gave it the boxed calling convention
 
 
-def scheduled_module(model: nn.Module, make_schedule, check=None, autocast=None) -> nn.Module:
-    """``model`` traced by AOTAutograd, its backward executed by a schedule.
+def call_key(inputs: ExampleInputs, autocast) -> tuple:
+    """What a traced graph is specific to: the inputs' structure, each tensor's shape, dtype and
+    device, the non-tensor arguments' values, and the autocast setting."""
+    leaves, spec = pytree.tree_flatten((inputs.args, inputs.kwargs))
+    sig = tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else ("const", repr(v))
+                for v in leaves)
+    return (str(spec), sig, autocast)
+
+
+class ScheduledModule(nn.Module):
+    """``model`` exported by Dynamo and traced by AOTAutograd, its backward executed by a schedule.
+
+    Called like ``model``; the first call with a new input structure, shape, dtype or autocast
+    setting exports and traces again.  ``monet_compiled`` holds the last trace's ``graph``,
+    ``schedule``, ``fw`` and ``bw``.
 
     Args:
-        make_schedule: called with the traced `OpGraph` on the first call, returns a `Schedule`.
+        make_schedule: called with the traced `OpGraph`, returns a `Schedule`.
         check: optional, called with the `OpGraph` before that (raise to refuse the graph).
-        autocast: the autocast setting the first call runs under (`monet.mixed_precision`), which
-            the trace bakes into the graph; recorded in the graph's fingerprint.  AOTAutograd runs
-            the traced graphs with autocast disabled (its ``disable_amp``), so the recorded casts
-            are not applied a second time.
+        autocast: the autocast setting the calls run under (`monet.mixed_precision`), which the
+            trace bakes into the graph; recorded in the graph's fingerprint.  AOTAutograd runs the
+            traced graphs with autocast disabled (its ``disable_amp``), so the recorded casts are
+            not applied a second time.  None: the setting in force at the first call.
     """
-    kinds = primal_kinds(model, 1)
-    holder = {}
 
-    def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
-        graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, kinds), autocast=autocast)
-        if check is not None:
-            check(graph)
-        schedule = make_schedule(graph)
-        if schedule.impl:
-            from monet.impls import apply_impls
-            graph = apply_impls(graph, schedule.impl)
-        fw, bw = build_modules(graph, schedule)
-        holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
-        return fw, bw
+    def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None):
+        super().__init__()
+        self.model = model
+        self._make_schedule = make_schedule
+        self._check = check
+        self._autocast = autocast
+        self._traced = None
+        self._key = None
+        self.monet_compiled: dict = {}
 
-    traced = trace_joint(model, None, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
-    traced.monet_compiled = holder
-    return traced
+    def forward(self, *args, **kwargs):
+        inputs = ExampleInputs(args, kwargs)
+        autocast = self._autocast if self._autocast is not None else mixed_precision.current(
+            inputs.first.device.type)
+        key = call_key(inputs, autocast)
+        if self._traced is None or key != self._key:
+            self._traced, self._key = self._trace(inputs, autocast), key
+        return self._traced(*args, **kwargs)
+
+    def _trace(self, inputs: ExampleInputs, autocast):
+        gm = export(self.model, inputs)
+        kinds = primal_kinds(gm, inputs)
+        holder = self.monet_compiled
+
+        def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
+            graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, kinds), autocast=autocast)
+            if self._check is not None:
+                self._check(graph)
+            schedule = self._make_schedule(graph)
+            if schedule.impl:
+                from monet.impls import apply_impls
+                graph = apply_impls(graph, schedule.impl)
+            fw, bw = build_modules(graph, schedule)
+            holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
+            return fw, bw
+
+        return trace(gm, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._traced = None  # a new device or dtype: export and trace again on the next call
+        return super()._apply(fn, *args, **kwargs)
+
+
+def scheduled_module(model: nn.Module, make_schedule, check=None, autocast=None) -> ScheduledModule:
+    """``ScheduledModule(model, make_schedule, check, autocast)``: see there."""
+    return ScheduledModule(model, make_schedule, check=check, autocast=autocast)
+
+
+_NUMBER = re.compile(r"(?<![%\w.])\d+")
+
+
+def same_structure(ours: list[str], theirs: list[str]) -> bool:
+    """True when two graph summaries differ at most in their sizes: the same ops in the same order
+    reading the same nodes (`OpGraph.summary` lines with every number but node references blanked)."""
+    return len(ours) == len(theirs) and all(_NUMBER.sub("N", a) == _NUMBER.sub("N", b)
+                                            for a, b in zip(ours, theirs))
 
 
 class MONeTWrapper(nn.Module):
@@ -92,7 +148,7 @@ class MONeTWrapper(nn.Module):
         TypeError: ``model`` is a ``torch.compile`` result (wrap the original model instead).
     """
 
-    def __init__(self, model: nn.Module, solution, input_shape):
+    def __init__(self, model: nn.Module, solution, input_shape=None):
         super().__init__()
         if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
             raise TypeError("MONeTWrapper needs the original model, not a torch.compile result: wrap "
@@ -102,14 +158,13 @@ class MONeTWrapper(nn.Module):
         if not isinstance(solution, Solution):
             solution = load_solution(solution)
         self.solution = solution
-        self.input_shape = tuple(int(s) for s in input_shape)
+        self.input_shape = solution.meta.input_shape if input_shape is None else tuple(int(s) for s in input_shape)
         if self.input_shape != solution.meta.input_shape:
             check_compatible(solution.meta, solution.meta.fingerprint, solution.meta.graph_summary,
                              batch_size=solution.meta.batch_size, input_shape=self.input_shape,
                              dtype=solution.meta.dtype)
         self.model = model
-        self._traced = None
-        self._traced_for = None
+        self.__dict__["_traced"] = None  # not a submodule: its parameters are the model's
 
     # state_dict and load_state_dict keep the original model's keys
     def state_dict(self, *args, **kwargs):
@@ -120,8 +175,35 @@ class MONeTWrapper(nn.Module):
 
     def _check_graph(self, graph):
         meta = self.solution.meta
+        batch = int(graph.input_shape[0]) if graph.input_shape else meta.batch_size
+        if batch < meta.batch_size and graph.fingerprint != meta.fingerprint:
+            # a smaller batch (an epoch's last): the same schedule runs if the graph is the same but
+            # for its sizes; every activation is then smaller, and so is the schedule's peak
+            if (same_structure(meta.graph_summary, graph.summary)
+                    and (len(graph.fwd), len(graph.bwd)) == (meta.n_fwd, meta.n_bwd)):
+                return
+            raise SolutionMismatchError(
+                f"the solution was made for batch {meta.batch_size}; at batch {batch} this model's graph "
+                f"is not the same graph with smaller sizes (other operators), so its schedule cannot run "
+                f"it: solve for batch {batch} too, or drop the last incomplete batch (drop_last=True)")
         check_compatible(meta, graph.fingerprint, graph.summary, batch_size=meta.batch_size,
                          input_shape=meta.input_shape, dtype=meta.dtype, nodes=(len(graph.fwd), len(graph.bwd)))
+
+    def _check_inputs(self, inputs: ExampleInputs) -> None:
+        """`SolutionMismatchError` unless the call fits the solution: the same sample shape and dtype
+        of the first input, and a batch no larger than the solution's."""
+        meta = self.solution.meta
+        x = inputs.first
+        batch = inputs.batch_size
+        if 0 < batch < meta.batch_size:
+            batch = meta.batch_size  # a smaller batch runs the same schedule (checked on the graph)
+        elif batch > meta.batch_size:
+            raise SolutionMismatchError(
+                f"the solution was made for batch {meta.batch_size}, called with batch {inputs.batch_size}: "
+                f"a larger batch needs more memory than the schedule was solved for; solve for batch "
+                f"{inputs.batch_size}")
+        check_compatible(meta, meta.fingerprint, meta.graph_summary, batch_size=batch,
+                         input_shape=tuple(x.shape[1:]), dtype=str(x.dtype))
 
     def _check_autocast(self, x: torch.Tensor):
         """The autocast setting in force for ``x``'s device; `AutocastMismatchError` unless it is
@@ -137,30 +219,27 @@ class MONeTWrapper(nn.Module):
             raise AutocastMismatchError(problem)
         return running
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
-            return self.model(x)
-        return self._scheduled(x)
+            return self.model(*args, **kwargs)
+        return self._scheduled(*args, **kwargs)
 
     # torch.compile stops here (a graph break) and runs the scheduled step eagerly: tracing into it
     # would trace AOTAutograd inside Dynamo (which fails) or let the compiler re-partition the
     # backward and drop the schedule's choices.  The code around the wrapper is still compiled.
     @torch.compiler.disable(reason="MONeTWrapper runs its own scheduled forward/backward graphs")
-    def _scheduled(self, x: torch.Tensor) -> torch.Tensor:
-        meta = self.solution.meta
-        check_compatible(meta, meta.fingerprint, meta.graph_summary, batch_size=x.shape[0],
-                         input_shape=tuple(x.shape[1:]), dtype=str(x.dtype))
-        autocast = self._check_autocast(x)
-        key = (x.device, x.dtype, tuple(x.shape), autocast)
-        if self._traced is None or self._traced_for != key:
+    def _scheduled(self, *args, **kwargs):
+        inputs = ExampleInputs(args, kwargs)
+        self._check_inputs(inputs)
+        autocast = self._check_autocast(inputs.first)
+        if self._traced is None:
             schedule: Schedule = self.solution.schedule
-            self._traced = scheduled_module(self.model, lambda g: schedule, check=self._check_graph,
-                                            autocast=autocast)
-            self._traced_for = key
-        return self._traced(x)
+            self.__dict__["_traced"] = ScheduledModule(self.model, lambda g: schedule, check=self._check_graph,
+                                                       autocast=autocast)
+        return self._traced(*args, **kwargs)
 
     def _apply(self, fn, *args, **kwargs):
-        self._traced = None  # a new device or dtype: trace again on the next call
+        self.__dict__["_traced"] = None  # a new device or dtype: trace again on the next call
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -169,4 +248,4 @@ class MONeTWrapper(nn.Module):
                 f"{m.budget_bytes / 2**30:.2f} GiB, predicted peak {m.predicted_peak_bytes / 2**30:.2f} GiB")
 
 
-__all__ = ["MONeTWrapper", "SolutionMismatchError", "AutocastMismatchError", "scheduled_module"]
+__all__ = ["MONeTWrapper", "ScheduledModule", "SolutionMismatchError", "AutocastMismatchError", "scheduled_module"]

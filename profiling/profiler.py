@@ -104,41 +104,47 @@ def _placeholders(joint: fx.GraphModule) -> list[fx.Node]:
     return [n for n in joint.graph.nodes if n.op == "placeholder"]
 
 
-def joint_inputs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
-                 device: torch.device | str) -> list[torch.Tensor]:
+def joint_inputs(model: nn.Module, example_inputs, graph: OpGraph,
+                 device: torch.device | str) -> list:
     """The flat argument list of ``graph.joint``, in placeholder order, on ``device``.
 
     ``primals_*``: the model's parameters (``named_parameters()`` order), buffers
-    (``named_buffers()`` order) and ``example_input``, detached and moved to ``device`` (no copy
-    when already there: the joint graph is functional and does not write to them).
+    (``named_buffers()`` order) and the leaves of ``example_inputs`` (a tensor, a tuple of
+    arguments, a dict of keyword arguments or an `ExampleInputs`, flattened as AOTAutograd does),
+    tensors detached and moved to ``device`` (no copy when already there: the joint graph is
+    functional and does not write to them), other leaves (``use_cache=False``) as they are.
     ``tangents_*``: standard-normal tensors with the shape, strides and dtype traced for each
     tangent (the gradients of the forward outputs); uses the global RNG.
 
     Raises:
-        ValueError: if the model or input does not match the graph (count, shape or dtype of a
+        ValueError: if the model or inputs do not match the graph (count, shape or dtype of a
             placeholder); the message names the placeholder.
     """
+    from monet.inputs import ExampleInputs
+
     if graph.joint is None:
         raise ValueError("the graph has no joint graph (graph.joint is None); re-capture the model")
     dev = torch.device(device)
-    params = [p for _, p in model.named_parameters()]
-    buffers = [b for _, b in model.named_buffers()]
-    primals = ([("parameter " + n, t) for n, t in model.named_parameters()]
-               + [("buffer " + n, t) for n, t in model.named_buffers()]
-               + [("input", example_input)])
-    assert len(primals) == len(params) + len(buffers) + 1
+    leaves = ExampleInputs.of(example_inputs).leaves()
+    params = list(model.named_parameters())
+    buffers = list(model.named_buffers())
+    primals = ([("parameter " + n, t) for n, t in params] + [("buffer " + n, t) for n, t in buffers]
+               + [(f"input {k}", v) for k, v in enumerate(leaves)])
     phs = _placeholders(graph.joint)
     n_primal = sum(p.name.startswith(PRIMAL) for p in phs)
     if n_primal != len(primals):
         raise ValueError(f"the graph has {n_primal} primal inputs but the model gives {len(primals)} "
-                         f"({len(params)} parameters, {len(buffers)} buffers, 1 input): "
+                         f"({len(params)} parameters, {len(buffers)} buffers, {len(leaves)} inputs): "
                          f"the graph was captured from another model")
-    args: list[torch.Tensor] = []
+    args: list = []
     it = iter(primals)
     for ph in phs:
         val = ph.meta.get("val")
         if ph.name.startswith(PRIMAL):
             what, t = next(it)
+            if not isinstance(val, torch.Tensor):  # a constant argument of the call
+                args.append(t)
+                continue
             if (not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(val.shape)
                     or t.dtype != val.dtype):
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -275,7 +281,8 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
     Args:
         model: the model ``graph`` was captured from (its parameters and buffers are read, moved
             to ``device`` when elsewhere; the model itself is not modified).
-        example_input: an input of the captured shape and dtype.
+        example_input: the example inputs the graph was captured with (a tensor, a tuple of
+            arguments, a dict of keyword arguments or an `ExampleInputs`), of its shapes and dtypes.
         graph: from `monet.capture.capture` (``graph.joint`` is executed).
         device: ``"cpu"`` or a CUDA device.
         repeats: timed runs per node (>= 1); the median is reported.

@@ -76,13 +76,35 @@ def test_module_behaviour(solved):
     assert all(p.grad is not None for p in wrapped.parameters())
 
 
-def test_other_batch_size_refused(solved):
+def test_larger_batch_refused(solved):
     model, x, _, _, sol = solved
     wrapped = MONeTWrapper(copy.deepcopy(model), sol, SHAPE)
     before = copy.deepcopy(wrapped.state_dict())
-    with pytest.raises(SolutionMismatchError, match=r"batch size differs \(made for 8, called with 4\)"):
-        wrapped(x[:4])
+    with pytest.raises(SolutionMismatchError, match=r"made for batch 8, called with batch 16.*solve for batch 16"):
+        wrapped(torch.cat([x, x]))
     assert all(torch.equal(before[k], v) for k, v in wrapped.state_dict().items())  # nothing changed
+
+
+def test_smaller_batch_runs_the_schedule(solved):
+    """The last batch of an epoch (4 of 8): the same schedule runs, with PyTorch's gradients (bit for
+    bit) and a measured peak under the budget."""
+    from monet.profiling.check import measure_iteration_peak
+
+    model, x, _, _, sol = solved
+    small = x[:3].clone()
+    wrapped = MONeTWrapper(copy.deepcopy(model), sol, SHAPE)
+    plain = copy.deepcopy(model)
+    grads = []
+    for m in (plain, wrapped):
+        torch.manual_seed(3)
+        m(small).square().mean().backward()
+        grads.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    ran = wrapped._traced.monet_compiled
+    assert ran["schedule"] is sol.schedule and ran["graph"].input_shape[0] == 3
+    assert ran["graph"].fingerprint != sol.meta.fingerprint  # another graph, the same schedule
+    g = torch.randn(3, 5)
+    assert measure_iteration_peak(wrapped, small, g) <= sol.meta.budget_bytes
 
 
 def test_other_input_shape_refused(solved):

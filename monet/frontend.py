@@ -1,0 +1,175 @@
+"""The capture front end: Dynamo exports the model's Python into one FX graph, AOTAutograd traces it.
+
+Hugging Face transformers (and much of timm and torchvision) is written for ``torch.compile`` and
+``torch.export``, whose front end is Dynamo: it builds attention masks with checks such as
+``if not is_tracing(mask) and (mask[:, -1] == 0).all()`` that only skip their data-dependent branch
+when Dynamo is tracing, takes keyword inputs and returns ``ModelOutput`` objects.  Tracing such a
+model with AOTAutograd alone (``aot_module``) runs the Python as it is and fails on those checks.
+
+So the model goes through two steps (`export`, then `trace`):
+
+1. ``torch._dynamo.export`` turns the call ``model(*args, **kwargs)`` into one torch-level FX graph
+   module (a graph break is an error that names the construct), which takes the same arguments,
+   returns the same output structure (tensors, tuples, dicts, ``ModelOutput``) and holds the
+   model's own parameter and buffer objects as attributes (tied weights once).  Its parameters and
+   buffers are put in the model's ``named_parameters()`` / ``named_buffers()`` order, so that the
+   joint graph below is the one ``aot_module(model)`` gives for a plain module (the same
+   fingerprint: the zoo's solutions stay valid).
+2. ``aot_module`` on that graph module yields AOTAutograd's joint forward+backward ATen graph
+   (``partition_fn``), which the rest of monet reads, and runs the forward and backward modules
+   the partition returns.  Dynamo is not involved at run time (no guards, no recompilation
+   limits): the wrapper checks the input structure, shapes and dtypes itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch._functorch.aot_autograd import aot_module
+
+from monet.inputs import ExampleInputs
+
+
+class CaptureError(RuntimeError):
+    """The model could not be traced; the message names the operator or construct and the fix."""
+
+
+def _logging_functions() -> set:
+    """Logger methods Dynamo may skip (transformers' ``logger.warning_once`` among them): a
+    model that logs while it runs would otherwise be a graph break."""
+    fns = {logging.Logger.debug, logging.Logger.info, logging.Logger.warning, logging.Logger.warn}
+    for name in ("warning_once", "info_once", "warning_advice"):
+        fn = getattr(logging.Logger, name, None)
+        if fn is not None:
+            fns.add(fn)
+    return fns
+
+
+@contextlib.contextmanager
+def _train_mode(model: nn.Module):
+    was = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def _canonical_order(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Reorder ``gm``'s parameters and buffers (registered flat on it by Dynamo, in the order the
+    forward first used them) into ``model``'s ``named_parameters()`` / ``named_buffers()`` order.
+
+    Tensors Dynamo lifted that are neither (plain tensor attributes of a module) keep their place
+    after the model's own.
+    """
+    rank_p = {id(p): k for k, (_, p) in enumerate(model.named_parameters())}
+    rank_b = {id(b): k for k, (_, b) in enumerate(model.named_buffers())}
+    n = len(rank_p) + len(rank_b)
+    gm._parameters = dict(sorted(gm._parameters.items(), key=lambda kv: rank_p.get(id(kv[1]), n)))
+    gm._buffers = dict(sorted(gm._buffers.items(), key=lambda kv: rank_b.get(id(kv[1]), n)))
+
+
+def _user_code(text: str) -> str:
+    """`` at file:line: `code` ``: the last model frame Dynamo's message names ("from user code")."""
+    import re
+
+    if "from user code" not in text:
+        return ""
+    tail = text.split("from user code", 1)[1]
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', tail)
+    if not frames:
+        return ""
+    path, line, code = frames[-1]
+    return f" at {path}:{line}: `{code.strip()}`"
+
+
+def describe_export_failure(e: BaseException) -> str:
+    """One paragraph naming what Dynamo could not export, where in the model, and what to do."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if "DynamicCache" in text or "Cache'>" in text:
+        return ("the model returns a cache object (transformers' DynamicCache: past key/values for "
+                "generation), which training does not use: call the model with use_cache=False "
+                "(or set model.config.use_cache = False)")
+    if "graph break" in text.lower() or "Unsupported" in type(e).__name__ or "Unsupported" in text[:200]:
+        explanation = " ".join(line.strip() for line in text.splitlines()[:6] if line.strip())
+        return (f"Dynamo could not trace the model into one graph (a graph break): {explanation}. "
+                "monet needs the whole forward in one graph, as torch.compile(fullgraph=True) does; "
+                "change that construct in the model (or move it out of the forward)")
+    if "DataDependent" in text or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
+        return (f"{type(e).__name__}: {first}. The model reads tensor values in Python (data-dependent "
+                "control flow such as `if x.sum() > 0`, .item(), .tolist(), nonzero); make the control "
+                "flow independent of the data or move it out of the model")
+    return f"{type(e).__name__}: {first}"
+
+
+def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
+    """``model(*inputs.args, **inputs.kwargs)`` as one torch-level FX graph module (Dynamo), traced
+    in training mode (dropout, batch statistics), the model's mode restored afterwards.
+
+    The result is called like the model and returns the same output structure; its parameters and
+    buffers are the model's own objects, in the model's order.  Nothing of the inputs' size is
+    allocated: Dynamo traces with fake tensors.
+
+    Raises:
+        CaptureError: a graph break, a data-dependent branch, an output Dynamo cannot return (a
+            transformers cache: the message says ``use_cache=False``), or a model compiled already.
+    """
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        raise CaptureError("the model is a torch.compile result: pass the original model "
+                           "(`model._orig_mod`)")
+    patch = torch._dynamo.config.patch(
+        ignore_logging_functions=set(torch._dynamo.config.ignore_logging_functions) | _logging_functions())
+    try:
+        with patch, _train_mode(model):
+            gm, _guards = torch._dynamo.export(model, aten_graph=False)(*inputs.args, **inputs.kwargs)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with what failed and the fix
+        where = _user_code(str(e)) or _user_frame(e)
+        raise CaptureError(f"could not capture the model with Dynamo{where}: "
+                           f"{describe_export_failure(e)}") from e
+    _canonical_order(gm, model)
+    return gm
+
+
+def primal_kinds(gm: nn.Module, inputs: ExampleInputs) -> list[str]:
+    """Kinds of AOTAutograd's ``primals_*`` placeholders of ``aot_module(gm)``, in order:
+    "param" per parameter, "buffer" per buffer, "input" per leaf of the inputs."""
+    n_params = len(dict(gm.named_parameters(remove_duplicate=True)))
+    n_buffers = len(dict(gm.named_buffers(remove_duplicate=True)))
+    return ["param"] * n_params + ["buffer"] * n_buffers + ["input"] * len(inputs.leaves())
+
+
+def kinds_by_name(joint: fx.GraphModule, kinds: list[str]) -> dict[str, str]:
+    placeholders = [n.name for n in joint.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    return dict(zip(placeholders, kinds))
+
+
+def trace(gm: nn.Module, partition_fn, fw_compiler=None, bw_compiler=None) -> nn.Module:
+    """``aot_module(gm)`` with ``partition_fn`` (it receives the joint graph on the first call)."""
+    from functorch.compile import make_boxed_compiler, nop
+
+    return aot_module(gm, fw_compiler=fw_compiler or make_boxed_compiler(nop),
+                      bw_compiler=bw_compiler or make_boxed_compiler(nop), partition_fn=partition_fn)
+
+
+def _user_frame(e: BaseException) -> str:
+    """`` at file:line: `code` `` of the innermost frame outside torch and monet, where the model did
+    what failed."""
+    import os
+    import traceback
+
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(torch_dir)
+              and "/monet/" not in f.filename.replace(os.sep, "/")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
+
+
+__all__ = ["CaptureError", "export", "trace", "primal_kinds", "kinds_by_name", "describe_export_failure"]

@@ -1,0 +1,164 @@
+"""`monet.optimize`: capture, cost, solve and wrap in one call, as ``torch.compile`` is one call.
+
+    model = monet.optimize(model, {"input_ids": ids, "labels": ids}, budget="50%")
+    loss = model(input_ids=ids, labels=ids).loss; loss.backward(); opt.step()
+    model.solution.save("gpt2.monet")    # next time: MONeTWrapper(model, "gpt2.monet")
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+from monet.inputs import ExampleInputs
+
+# Optimizer state kept per parameter element, in units of the parameter's own bytes (PyTorch's
+# implementations: SGD with momentum keeps one buffer, Adam and AdamW two: exp_avg, exp_avg_sq).
+OPTIMIZER_STATE = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+
+
+class WithLoss(nn.Module):
+    """``loss_fn(model(*args, **kwargs), target)`` as one module, so that the loss is in the graph
+    (its backward starts from the scalar loss, as training does).
+
+    Called as ``with_loss(*args, target=y, **kwargs)``; returns the loss.  ``state_dict`` has the
+    model's own keys.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *args, target, **kwargs):
+        return self.loss_fn(self.model(*args, **kwargs), target)
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def optimizer_state_bytes(param_bytes: int, optimizer: str | None) -> int:
+    """Bytes of optimizer state for ``param_bytes`` bytes of parameters (`OPTIMIZER_STATE`).
+
+    Raises:
+        ValueError: an optimizer not in `OPTIMIZER_STATE`.
+    """
+    if optimizer is None:
+        return 0
+    key = optimizer.lower()
+    if key not in OPTIMIZER_STATE:
+        raise ValueError(f"unknown optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZER_STATE)}")
+    return OPTIMIZER_STATE[key] * int(param_bytes)
+
+
+def _log(message: str) -> None:
+    print(f"monet: {message}", file=sys.stderr, flush=True)
+
+
+def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "normal",
+             time_limit: float = 60.0, loss_fn=None, target=None, optimizer: str | None = None,
+             cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
+             autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = 0.02,
+             cache_dir=None, progress: bool = True):
+    """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
+
+    Args:
+        model: the ``nn.Module`` to train (not modified; the wrapper holds it).
+        example_inputs: one batch as the model is called: a tensor (B, ...), a tuple of positional
+            arguments, or a dict of keyword arguments (``{"input_ids": ids, "attention_mask": m,
+            "labels": ids}``, ids (B, T) int64).  Only shapes and dtypes are used.  The schedule is
+            for this batch size B; smaller batches run it too, larger ones are refused.
+        budget: bytes (int), ``"6GB"`` (6 x 2^30 bytes), ``"6GiB"``, ``"6000MiB"``, or a
+            percentage of plain PyTorch's simulated peak (``"50%"``), or ``"min"`` (None): the
+            smallest feasible budget the solver finds.  With ``optimizer`` the
+            optimizer's state is taken out of it first, so the budget can be the GPU's size.
+        mode: ``"normal"`` (recompute or keep) or a full-mode string (``"full"``,
+            ``"inplace_conv_multiway_newnode"``...: operator implementations chosen too).
+        time_limit: seconds for the solver.
+        loss_fn: optional ``loss_fn(output, target)``: the loss is traced with the model and the
+            returned wrapper returns it (call it as ``wrapper(*inputs, target=y)``).  Without it
+            the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
+            transformers model given ``labels`` computes its loss inside).
+        target: the example target for ``loss_fn`` (its shape and dtype are traced).
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``: count its state
+            (0, 1, 2, 2 times the parameter bytes) in the budget.  None: not counted.
+        cost: ``"hybrid"`` (analytic times, measured workspace), ``"analytic"`` or ``"profile"``
+            (`monet.profiling.sources`).
+        device: the device the costs are for; default the inputs' device.
+        gpu_spec: a roofline preset for analytic times on a GPU (``"h100"``, ``"p100"`` ...).
+        autocast_dtype: solve for training under ``torch.autocast(device, autocast_dtype)``.
+        solver, gap: the MILP solver ("CBC", "HIGHS", "SCIP") and the relative gap it may stop at.
+        cache_dir: where measured costs are cached (default ``~/.cache/monet/profiles``).
+        progress: log each step to stderr.
+
+    Returns:
+        A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).
+
+    Raises:
+        monet.capture.CaptureError: the model cannot be traced (the message names the construct).
+        monet.solver.ilp.InfeasibleBudgetError: the budget is below the smallest feasible one,
+            which the message names.
+        ValueError: a malformed budget, mode, cost source or optimizer; a budget smaller than the
+            optimizer's state.
+    """
+    from monet.capture import capture
+    from monet.impls import mode_tokens
+    from monet.profiling.costs import costs_for
+    from monet.profiling.sources import cost_table, variant_cost_fn
+    from monet.solver.solve import eager_peak, parse_budget, solve
+    from monet.wrapper import MONeTWrapper
+
+    mode_tokens("inplace_conv_multiway_newnode" if mode == "full" else mode)
+    log = _log if progress else (lambda _m: None)
+    inputs = ExampleInputs.of(example_inputs)
+    module = model
+    if loss_fn is not None:
+        if target is None:
+            raise ValueError("loss_fn needs an example target (target=...) to trace the loss with")
+        module = WithLoss(model, loss_fn)
+        inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
+    device = device or inputs.first.device.type
+    name = type(model).__name__
+
+    t0 = time.perf_counter()
+    log(f"capturing {name} on {inputs.describe()} ...")
+    graph = capture(module, inputs, autocast_dtype=autocast_dtype)
+    log(f"captured in {time.perf_counter() - t0:.1f} s: {graph.describe()}")
+    t0 = time.perf_counter()
+    table = cost_table(cost, module, inputs, graph, device, gpu_spec, cache_dir)
+    costs = costs_for(graph, table)
+    cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec)
+    eager = eager_peak(graph, costs)
+    log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
+        f"{eager / 2**20:.1f} MiB, iteration {1e3 * costs.total_time:.1f} ms predicted")
+    smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
+    budget_bytes = None if smallest else parse_budget(budget, eager)
+    state = optimizer_state_bytes(graph.param_bytes, optimizer)
+    if state and smallest:
+        raise ValueError("budget='min' (the smallest feasible budget) leaves nothing to count the "
+                         "optimizer's state against: give a budget, or optimizer=None")
+    if state:
+        if state >= budget_bytes:
+            raise ValueError(f"the {optimizer} state ({state} bytes) does not fit the budget ({budget_bytes} bytes)")
+        log(f"{optimizer} keeps {state / 2**20:.1f} MiB of state: the schedule gets "
+            f"{(budget_bytes - state) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
+        budget_bytes -= state
+    first = inputs.first
+    info = dict(model=name, batch_size=inputs.batch_size, input_shape=tuple(first.shape[1:]),
+                dtype=str(first.dtype).removeprefix("torch."), device=device.split(":")[0])
+    t0 = time.perf_counter()
+    at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
+    log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")
+    sol = solve(graph, costs, budget_bytes, mode, solver=solver, time_limit=time_limit, info=info,
+                device=device.split(":")[0], cost_fn=cost_fn, progress=log if progress else None, gap=gap)
+    log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
+        f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
+    return MONeTWrapper(module, sol)
+
+
+__all__ = ["optimize", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

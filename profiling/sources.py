@@ -1,0 +1,93 @@
+"""Cost sources: the cost table and the implementation-variant costs for ``--cost analytic|hybrid|profile``.
+
+* ``analytic``: the roofline model (`monet.profiling.costs.analytic_costs`) of a `DeviceSpec`:
+  deterministic and needs no device, but counts no kernel workspace.
+* ``hybrid``: analytic times, each operator's workspace (bytes) from one quick run on the device
+  (cached apart from full profiles, under ``<cache>/quick``), so the budget holds at the allocator.
+* ``profile``: times and workspace measured on the device (`monet.profiling.profiler`).
+
+`monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+COST_SOURCES = ("analytic", "hybrid", "profile")
+
+
+def device_spec(gpu_spec: str | None, device: str):
+    """The roofline model for analytic times: ``gpu_spec`` (a preset name), else the visible GPU's
+    preset, else the CPU's.
+
+    Raises:
+        ValueError: an unknown preset, or a GPU without one (the message lists the presets).
+    """
+    from monet.profiling.costs import PRESETS, DeviceSpec
+
+    if gpu_spec:
+        return DeviceSpec.named(gpu_spec)
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device)).lower() if torch.cuda.is_available() else ""
+        for key in sorted(PRESETS, key=len, reverse=True):  # "h100-pcie" before "h100"
+            if key.replace("-", " ") in name.replace("-", " "):
+                return PRESETS[key]
+        raise ValueError(f"no analytic model for GPU {name or '(none visible)'!r}: pass --gpu-spec "
+                         f"({', '.join(sorted(PRESETS))}) or use --cost profile")
+    return DeviceSpec.cpu_default()
+
+
+def with_measured_workspace(table: pd.DataFrame, model, inputs, graph, device: str,
+                            cache_dir=None) -> pd.DataFrame:
+    """``table`` with each operator's ``workspace_bytes`` from a quick profile (one timed run per
+    operator, no warm-up), cached apart from full profiles (``<cache>/quick``), so its one-run times
+    never stand in for a ``--cost profile`` measurement."""
+    from monet.profiling.costs import validate_costs
+    from monet.profiling.profiler import default_cache_dir, load_or_profile
+
+    quick_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "quick"
+    prof = load_or_profile(model, inputs, graph, device, cache_dir=quick_dir, repeats=1, warmup=0, progress=False)
+    ws = prof.set_index(["kind", "node"])["workspace_bytes"]
+    table = table.copy()
+    table["workspace_bytes"] = [int(ws.get((k, n), 0)) for k, n in zip(table["kind"], table["node"])]
+    table["source"] = table["source"] + "+measured-workspace"
+    return validate_costs(table)
+
+
+def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | None = None,
+               cache_dir=None) -> pd.DataFrame:
+    """The cost table of ``graph`` (one row per forward/backward node: seconds, workspace bytes)
+    for the cost source ``cost`` (`COST_SOURCES`).
+
+    Raises:
+        ValueError: an unknown cost source or preset, or a model that does not match the graph.
+    """
+    from monet.profiling.costs import analytic_costs
+    from monet.profiling.profiler import load_or_profile
+
+    if cost not in COST_SOURCES:
+        raise ValueError(f"cost source must be one of {', '.join(COST_SOURCES)}, got {cost!r}")
+    if cost == "profile":
+        return load_or_profile(model, inputs, graph, device, cache_dir=cache_dir)
+    table = analytic_costs(graph, device_spec(gpu_spec, device))
+    if cost == "hybrid":
+        table = with_measured_workspace(table, model, inputs, graph, device, cache_dir)
+    return table
+
+
+def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device: str,
+                    gpu_spec: str | None = None):
+    """Costs of the variant graphs of operator implementations (full mode), made the way ``cost``
+    made ``table``."""
+    from monet.profiling.profiler import hybrid_cost_fn
+    from monet.solver.solve import analytic_cost_fn
+
+    spec = device_spec(gpu_spec, device)
+    if cost == "analytic":
+        return analytic_cost_fn(spec)
+    return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure=cost)
+
+
+__all__ = ["COST_SOURCES", "cost_table", "device_spec", "variant_cost_fn", "with_measured_workspace"]
