@@ -64,7 +64,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              time_limit: float = 60.0, loss_fn=None, target=None, optimizer: str | None = None,
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = 0.02,
-             cache_dir=None, progress: bool = True):
+             cache_dir=None, progress: bool = True, if_infeasible: str = "raise"):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -95,6 +95,9 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         solver, gap: the MILP solver ("CBC", "HIGHS", "SCIP") and the relative gap it may stop at.
         cache_dir: where measured costs are cached (default ``~/.cache/monet/profiles``).
         progress: log each step to stderr.
+        if_infeasible: ``"raise"`` (default): a budget below the smallest feasible one is an
+            `InfeasibleBudgetError`; ``"smallest"``: solve at the smallest feasible budget found
+            instead (logged), as ``monet demo`` does.
 
     Returns:
         A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).
@@ -110,10 +113,13 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     from monet.impls import mode_tokens
     from monet.profiling.costs import costs_for
     from monet.profiling.sources import cost_table, variant_cost_fn
+    from monet.solver.ilp import InfeasibleBudgetError
     from monet.solver.solve import eager_peak, parse_budget, solve
     from monet.wrapper import MONeTWrapper
 
     mode_tokens("inplace_conv_multiway_newnode" if mode == "full" else mode)
+    if if_infeasible not in ("raise", "smallest"):
+        raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
     log = _log if progress else (lambda _m: None)
     inputs = ExampleInputs.of(example_inputs)
     module = model
@@ -154,8 +160,15 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     t0 = time.perf_counter()
     at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
     log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")
-    sol = solve(graph, costs, budget_bytes, mode, solver=solver, time_limit=time_limit, info=info,
-                device=device.split(":")[0], cost_fn=cost_fn, progress=log if progress else None, gap=gap)
+    kw = dict(solver=solver, time_limit=time_limit, info=info, device=device.split(":")[0], cost_fn=cost_fn,
+              progress=log if progress else None, gap=gap)
+    try:
+        sol = solve(graph, costs, budget_bytes, mode, **kw)
+    except InfeasibleBudgetError as e:
+        if if_infeasible != "smallest" or e.min_budget_bytes is None:
+            raise
+        log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
+        sol = solve(graph, costs, e.min_budget_bytes, mode, **kw)
     log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
         f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
     return MONeTWrapper(module, sol)

@@ -152,3 +152,71 @@ def overhead(plain: nn.Module, wrapped: nn.Module, x: torch.Tensor, g: torch.Ten
             acc.append(time.perf_counter() - t0)
     mw, mp = statistics.median(tw), statistics.median(tp)
     return mw / mp - 1.0, mw, mp
+
+
+# ----------------------------------------------------------------------------------------------
+# models called with any inputs, trained from a loss (transformers, timm, torchvision)
+# ----------------------------------------------------------------------------------------------
+
+
+def loss_of(output) -> torch.Tensor:
+    """The scalar to call ``backward`` on from a model's output: a scalar tensor itself; a
+    ``ModelOutput``'s or dict's ``loss`` (transformers computes it when given ``labels``); else the
+    mean square of the first floating tensor (a stand-in loss for models without one).
+
+    Raises:
+        TypeError: no floating tensor in the output.
+    """
+    import torch.utils._pytree as pytree
+
+    if isinstance(output, torch.Tensor) and output.dim() == 0:
+        return output
+    loss = output.get("loss") if hasattr(output, "get") else None
+    if isinstance(loss, torch.Tensor):
+        return loss
+    for t in pytree.tree_leaves(output):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            return t.float().square().mean()
+    raise TypeError(f"no loss in the model's output ({type(output).__name__}): nothing to call backward on")
+
+
+def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:
+    """Peak bytes of one training iteration ``loss_fn(model(*inputs)).backward()`` after one
+    warm-up iteration, parameter gradients None at the start (DESIGN.md, "Measuring"); ``inputs``
+    as `monet.inputs.ExampleInputs.of` takes them."""
+    from monet.inputs import ExampleInputs
+
+    inputs = ExampleInputs.of(inputs)
+    device = inputs.first.device
+
+    def step():
+        loss_fn(inputs.call(model)).backward()
+
+    for p in model.parameters():
+        p.grad = None
+    step()  # warm-up: the wrapper exports and traces on its first call
+    for p in model.parameters():
+        p.grad = None
+    baseline = live_tensor_bytes(model, inputs.tensors(), device=device)
+    return measure_peak(step, device, baseline_bytes=baseline).peak_bytes
+
+
+def train_losses(model: nn.Module, inputs, steps: int = 3, lr: float = 1e-2, seed: int = 0,
+                 loss_fn=loss_of) -> tuple[list[torch.Tensor], dict]:
+    """Losses of ``steps`` SGD steps (momentum 0.9) from the RNG state ``seed``, and the first
+    step's gradients keyed by position (the order of ``parameters()``)."""
+    from monet.inputs import ExampleInputs
+
+    inputs = ExampleInputs.of(inputs)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses, first = [], {}
+    for step in range(steps):
+        torch.manual_seed(seed + step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(inputs.call(model))
+        loss.backward()
+        if step == 0:
+            first = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters()) if p.grad is not None}
+        opt.step()
+        losses.append(loss.detach().clone())
+    return losses, first

@@ -1,0 +1,150 @@
+"""Real models from torchvision, timm and Hugging Face transformers, in tiny configurations.
+
+Each entry builds ``(model, example_inputs, loss)``: the model (seed 0, training mode), one batch as
+the model is called (a tensor or keyword arguments), and how its loss is made: ``"output"`` (a
+transformers model given ``labels`` computes it) or a classification target for
+``F.cross_entropy``.  Packages that do not import are skipped by the tests with the reason.
+
+torchvision's C extension does not load beside the CPU build of torch that CI installs
+(``operator torchvision::nms does not exist``): its Python models need only its two detection ops
+declared, which `declare_torchvision_ops` does with ``torch.library`` before the first import.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+_LIB = None
+
+
+def declare_torchvision_ops() -> None:
+    """Declare ``torchvision::nms`` and ``torchvision::qnms`` (schemas only) when torchvision's C
+    extension did not register them, so that ``import torchvision`` works; calling either raises."""
+    global _LIB
+    if _LIB is not None:
+        return
+    try:
+        torch.ops.torchvision.nms.default  # registered by a working C extension
+        return
+    except (AttributeError, RuntimeError):
+        pass
+    _LIB = torch.library.Library("torchvision", "DEF")  # noqa: TOR901 - test-only declaration
+    _LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _LIB.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+def missing(package: str) -> str | None:
+    """None when ``package`` imports, else the reason it does not."""
+    declare_torchvision_ops()
+    try:
+        importlib.import_module(package)
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason to skip
+        return f"{package} does not import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+B = 2
+IMAGE = (B, 3, 64, 64)
+CLASSES = 10
+
+
+def _image(shape=IMAGE):
+    return torch.randn(shape), torch.randint(0, CLASSES, (shape[0],))
+
+
+def _tv(builder, **kw):
+    import torchvision.models as tvm
+
+    return getattr(tvm, builder)(num_classes=CLASSES, **kw)
+
+
+def _timm(name, **kw):
+    import timm
+
+    return timm.create_model(name, pretrained=False, num_classes=CLASSES, **kw)
+
+
+def _tokens(vocab=128, seq=16):
+    ids = torch.randint(0, vocab, (B, seq))
+    return ids
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                       bos_token_id=0, eos_token_id=0))
+    ids = _tokens()
+    return model, dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # grouped-query attention (4 query heads, 2 key/value heads) and rotary embeddings
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+                                         pad_token_id=0))
+    ids = _tokens()
+    return model, dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+def _bert():
+    from transformers import BertConfig, BertForMaskedLM
+
+    # masked language model: the decoder's weight is tied to the word embeddings
+    model = BertForMaskedLM(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=64, pad_token_id=0))
+    ids = _tokens()
+    return model, dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+
+
+def _vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=64, num_labels=CLASSES))
+    x, y = _image((B, 3, 32, 32))
+    return model, dict(pixel_values=x, labels=y)
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    ids = _tokens()
+    return model, dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+# name -> (package, builder returning (model, inputs) with the loss in the output, or
+#          (model, (x, y)) for a classifier trained with cross-entropy)
+MODELS = {
+    "torchvision/resnet18": ("torchvision", lambda: (_tv("resnet18"), _image())),
+    "torchvision/mobilenet_v3_small": ("torchvision", lambda: (_tv("mobilenet_v3_small"), _image())),
+    "torchvision/efficientnet_b0": ("torchvision", lambda: (_tv("efficientnet_b0"), _image())),
+    "torchvision/shufflenet_v2_x0_5": ("torchvision", lambda: (_tv("shufflenet_v2_x0_5"), _image())),
+    "torchvision/swin_t": ("torchvision", lambda: (_tv("swin_t"), _image())),
+    "timm/vit_tiny_patch16_224": ("timm", lambda: (_timm("vit_tiny_patch16_224", img_size=32, patch_size=8), _image((B, 3, 32, 32)))),
+    "timm/convnext_atto": ("timm", lambda: (_timm("convnext_atto"), _image())),
+    "timm/resnet10t": ("timm", lambda: (_timm("resnet10t"), _image())),
+    "transformers/gpt2": ("transformers", _gpt2),
+    "transformers/llama": ("transformers", _llama),
+    "transformers/bert-mlm": ("transformers", _bert),
+    "transformers/vit": ("transformers", _vit),
+    "transformers/qwen2": ("transformers", _qwen2),
+}
+
+
+def build(name: str):
+    """``(model, inputs, target)``: target None when the model's output holds its loss."""
+    declare_torchvision_ops()
+    torch.manual_seed(0)
+    model, batch = MODELS[name][1]()
+    model.train()
+    if isinstance(batch, tuple):  # (image, class) for cross-entropy
+        return model, batch[0], batch[1]
+    return model, batch, None
