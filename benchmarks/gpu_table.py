@@ -474,7 +474,7 @@ def parse_args(argv=None):
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--step", choices=(*STEPS, "all"), default="all", help="which step to run (default all)")
     p.add_argument("--models", default=None,
-                   help=f"comma-separated, from {', '.join(GPU)} (default: all of them on cuda, mobilenet_v2 on cpu: the tiny VGG-16, ResNet-50 and UNet need about their whole plain peak)")
+                   help=f"comma-separated, from {', '.join(GPU)} (default: all of them on cuda, mobilenet_v2 on cpu: the tiny VGG-16, ResNet-50 and UNet need 82-100 %% of their plain peak)")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda); the device of the profile "
                    "and measure steps; the solve step solves for the profile's device")
     p.add_argument("--small", action="store_true", help="the tiny configurations (default with --device cpu)")
