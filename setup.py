@@ -16,8 +16,13 @@ setup(
     },
     package_data={"monet.zoo": ["profiles/*", "schedules/*", "index.json"]},
     install_requires=[
-        # torch is pinned: an unpinned torch pulls several GB of CUDA wheels on a CPU machine.
-        "torch==2.13.0",
+        # A range, not a pin, so that `pip install -e .` keeps a GPU machine's own CUDA torch.  The
+        # executor imports private AOTAutograd modules (torch._functorch._aot_autograd.descriptors,
+        # partitioner helpers) that move between releases: the upper bound stops at the newest
+        # release tested (2.13.0, the only one tested here); the lower bound admits the two before it.
+        # The README's commands still say `torch==2.13.0`, which makes pip take this project's CPU
+        # build instead of the newest release with several GB of CUDA wheels.
+        "torch>=2.11,<2.14",
         "numpy",
         "pandas",
         "cvxpy",

@@ -183,10 +183,11 @@ def costs_with_profiled_workspace(model, x, graph, log):
     return costs_for(graph, table), table
 
 
-def _one_iteration_s(model, x, g) -> float:
+def _one_iteration_s(model, x, g, autocast=None) -> float:
+    """Seconds of one training iteration (no synchronisation: CPU)."""
     from monet.profiling.check import _iteration
     t0 = time.perf_counter()
-    _iteration(model, x, g)
+    _iteration(model, x, g, autocast)
     return time.perf_counter() - t0
 
 

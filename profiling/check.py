@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from monet import mixed_precision
-from monet.profiling.memory import live_tensor_bytes, measure_peak
+from monet.profiling.memory import PeakMemory, live_tensor_bytes, measure_peak
 
 
 @dataclass
@@ -64,8 +64,10 @@ def output_grad(model: nn.Module, x: torch.Tensor, seed: int = 0, autocast=None)
     return torch.randn(shape_probe.shape, generator=gen, dtype=shape_probe.dtype).to(x.device)
 
 
-def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None) -> int:
-    """Peak bytes of one iteration after one warm-up iteration (parameter gradients None at start)."""
+def measure_iteration_memory(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None) -> PeakMemory:
+    """Memory of one iteration after one warm-up iteration (parameter gradients None at start):
+    `PeakMemory` with the allocated peak in bytes and, on CUDA, ``max_memory_reserved`` in bytes
+    (the caching allocator's segments: the allocated peak plus fragmentation and cached blocks)."""
     _iteration(model, x, g, autocast)  # warm-up: AOTAutograd traces on the first call
     for p in model.parameters():
         p.grad = None
@@ -74,7 +76,12 @@ def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor, a
     def step():
         _forward(model, x, autocast).backward(g)
 
-    return measure_peak(step, x.device, baseline_bytes=baseline).peak_bytes
+    return measure_peak(step, x.device, baseline_bytes=baseline)
+
+
+def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None) -> int:
+    """Peak bytes of one iteration after one warm-up iteration (parameter gradients None at start)."""
+    return measure_iteration_memory(model, x, g, autocast).peak_bytes
 
 
 def grads_and_buffers(model: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0, autocast=None):
