@@ -7,16 +7,20 @@ temporaries that the measured peak sees).
 
 For each model and each budget (80 % and 50 % of the simulated plain-PyTorch peak, and the
 smallest feasible budget of ``normal`` mode; 60 % was dropped to keep CI within 20 minutes once
-the ILP grew its per-recomputation rows):
+the ILP grew its per-recomputation rows).  The workspace is measured on the machine that runs the
+tests, so whether a fraction is feasible depends on the machine: a fraction below the smallest
+feasible budget that this run's search found is solved at that budget instead (refusals of
+infeasible budgets are tested below the LP bound, in tests/test_solver_fast_path.py):
 * gradients and BatchNorm buffers are bitwise equal to plain PyTorch's;
 * the measured peak (allocator level) is <= the budget;
 * the predicted peak is within 2 % of the measured one.
 
 Full mode (``inplace_conv_multiway_newnode``: operator implementations chosen with the
-checkpoints), on the same models: its smallest feasible budget is not above normal mode's; at 80 %
-and at that smallest budget the measured peak fits, the prediction is within 2 %, gradients
-are within 1e-5 of PyTorch's (other kernels round differently), and the predicted iteration time is
-no higher than normal mode's at the same budget.
+checkpoints), on the same models: its smallest feasible budget found is below the plain peak
+(VGG-16: at most); at 80 % (or that budget, if larger) and at that budget the measured peak fits,
+the prediction is within 2 % and gradients are within 1e-5 of PyTorch's (other kernels round
+differently).  Its iteration time against normal mode's is not asserted (see
+test_full_mode_budget_fraction).
 """
 from __future__ import annotations
 
@@ -30,7 +34,6 @@ from monet.capture import capture
 from monet.profiling.check import compare_gradients, measure_iteration_peak, output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import hybrid_cost_fn, profile_costs
-from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.solve import eager_peak, min_budget, solve
 from monet.wrapper import MONeTWrapper
 from monet.zoo.models import get_model
@@ -121,17 +124,20 @@ def test_keep_everything_prediction(setup):
     assert abs(setup["eager"] - measured) <= 0.02 * measured
 
 
+def _least(setup, mode="normal"):
+    """The smallest feasible budget the search finds in ``mode`` on this run's costs (cached on the
+    graph: each mode is searched once per model, and test_min_budget checks that budget too)."""
+    kw = dict(cost_fn=setup["cost_fn"]) if mode == FULL else {}
+    least, _ = min_budget(setup["graph"], setup["costs"], mode, time_limit=TIME_LIMIT, solver=SOLVER, **kw)
+    return least
+
+
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_budget_fraction(setup, fraction):
-    budget = int(setup["eager"] * fraction)
-    try:
-        sol = solve(setup["graph"], setup["costs"], budget, "normal", time_limit=TIME_LIMIT, solver=SOLVER)
-    except InfeasibleBudgetError as e:
-        # refused: the message names the smallest budget found, which is above this one
-        assert e.min_budget_bytes is not None and e.min_budget_bytes > budget
-        assert "smallest" in str(e) and str(e.min_budget_bytes) in str(e)
-        pytest.xfail(f"{fraction:.0%} of plain peak is below the smallest feasible budget found "
-                     f"({e.min_budget_bytes} bytes)")
+    """At ``fraction`` of the plain peak, or at the smallest feasible budget found where that is
+    larger (see the module docstring): a schedule that fits, measured and predicted."""
+    budget = max(int(setup["eager"] * fraction), _least(setup))
+    sol = solve(setup["graph"], setup["costs"], budget, "normal", time_limit=TIME_LIMIT, solver=SOLVER)
     _check(setup, budget, sol)
     assert sol.meta.predicted_peak_bytes <= budget
 
@@ -143,7 +149,7 @@ def test_min_budget(setup):
     the backward of its first convolutions (their activations plus oneDNN's reorder workspace),
     which no recomputation lowers, so there the smallest budget is the plain peak.
     """
-    least, _ = min_budget(setup["graph"], setup["costs"], time_limit=TIME_LIMIT, solver=SOLVER)
+    least = _least(setup)
     assert least <= setup["eager"]
     if setup["name"] != "vgg16":
         assert least < setup["eager"], "recomputation must save memory on this zoo model"
@@ -166,8 +172,7 @@ def test_full_mode_min_budget(setup):
     GoogLeNet's did too (2,253,240 against 2,314,584).  `monet bench-solver` and BENCHMARKS.md
     compare the modes."""
     _skip_large_in_ci(setup)
-    least, _ = min_budget(setup["graph"], setup["costs"], FULL, time_limit=TIME_LIMIT, cost_fn=setup["cost_fn"],
-                          solver=SOLVER)
+    least = _least(setup, FULL)
     assert least <= setup["eager"]
     if setup["name"] != "vgg16":  # see test_min_budget
         assert least < setup["eager"], f"{setup['name']}: full mode saves no memory ({least} bytes)"
@@ -176,14 +181,10 @@ def test_full_mode_min_budget(setup):
 
 @pytest.mark.parametrize("fraction", FULL_FRACTIONS)
 def test_full_mode_budget_fraction(setup, fraction):
+    """As test_budget_fraction, in full mode (its own smallest budget found)."""
     _skip_large_in_ci(setup)
-    budget = int(setup["eager"] * fraction)
-    try:
-        sol = _solve_full(setup, budget)
-    except InfeasibleBudgetError as e:
-        assert e.min_budget_bytes is not None and e.min_budget_bytes > budget
-        assert FULL in str(e) and str(e.min_budget_bytes) in str(e)
-        pytest.xfail(f"{fraction:.0%}: below full mode's smallest budget found ({e.min_budget_bytes} bytes)")
+    budget = max(int(setup["eager"] * fraction), _least(setup, FULL))
+    sol = _solve_full(setup, budget)
     _check(setup, budget, sol)
     assert sol.meta.predicted_peak_bytes <= budget and sol.meta.mode == FULL
     # Not asserted: full mode's time against normal mode's.  Both are searches stopped by a 4 s

@@ -37,11 +37,14 @@ def test_fast_path_matches_plain_ilp_in_normal_mode(case, frac):
     mem = memory_model(graph, costs)
     budget = int(frac * eager)
     const = float(costs.fwd_time.sum() + costs.bwd_time.sum())
-    plain = ilp.plain_solve(graph, mem, costs.fwd_recompute, budget, "normal", "CBC", 120, constant_s=const)
-    if plain["status"] != "optimal":
-        pytest.skip(f"no ILP schedule at {frac:.0%} of the plain peak ({plain['status']})")
+    # analytic costs: whether a budget is feasible does not depend on the machine (the small ResNet
+    # has no schedule at 70 %); the limit is a margin, not a decision: both are proven in seconds
+    plain = ilp.plain_solve(graph, mem, costs.fwd_recompute, budget, "normal", "CBC", 300, constant_s=const)
+    if plain["status"] == "infeasible":
+        pytest.skip(f"no ILP schedule at {frac:.0%} of the plain peak (infeasible)")
+    assert plain["status"] == "optimal", plain
     try:
-        fast = ilp.solve_ilp(graph, mem, costs.fwd_recompute, budget, "normal", solver="CBC", time_limit=120,
+        fast = ilp.solve_ilp(graph, mem, costs.fwd_recompute, budget, "normal", solver="CBC", time_limit=300,
                              constant_s=const, peak_of=simulated_peak_fn(graph, costs, mem))
     except ilp.InfeasibleBudgetError:
         # Known defect, measured here: on the small ResNet at 70 % the pruned ILP has no schedule
@@ -56,16 +59,19 @@ def test_fast_path_matches_plain_ilp_in_normal_mode(case, frac):
     assert simulated_peak_fn(graph, costs, mem)(mem.node_to_group(fast.S), fast.R) <= budget
 
 
+@pytest.mark.parametrize("case", ["user"], indirect=True)
 def test_fast_path_matches_plain_ilp_in_full_mode(case):
+    """On UserNet, where both are proven optimal in about a second (the limit is a margin).  The
+    small ResNet's unpruned full-mode ILP was not proven within 120 s on a shared 2-core machine
+    (the test then skipped after 211 s), so whether it was compared depended on the machine."""
     graph, costs, eager = case
     options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
     budget = int(0.8 * eager)
     fixed = fixed_time(graph, costs, options)
-    plain = ilp.plain_solve(graph, mem, costs.fwd_recompute, budget, FULL, "CBC", 120, constant_s=fixed)
-    fast = ilp.solve_ilp(graph, mem, costs.fwd_recompute, budget, FULL, solver="CBC", time_limit=120,
+    plain = ilp.plain_solve(graph, mem, costs.fwd_recompute, budget, FULL, "CBC", 300, constant_s=fixed)
+    fast = ilp.solve_ilp(graph, mem, costs.fwd_recompute, budget, FULL, solver="CBC", time_limit=300,
                          constant_s=fixed, peak_of=simulated_peak_fn(graph, costs, mem))
-    if plain["status"] != "optimal" or fast.status != "optimal":
-        pytest.skip("not solved to optimality on this machine in time")
+    assert plain["status"] == "optimal" and fast.status == "optimal", (plain, fast.status)
     assert fast.objective_s <= plain["objective_s"] * 1.01  # see the normal-mode test
 
 
