@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 
 from monet import mixed_precision
-from monet.frontend import CaptureError, describe_export_failure, export, kinds_by_name, primal_kinds, trace
+from monet.frontend import (CaptureError, describe_export_failure, export, kinds_by_name, primal_kinds,
+                            primal_sources, trace)
 from monet.graph import OpGraph, build_opgraph
 from monet.inputs import ExampleInputs
 
@@ -69,11 +70,13 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             raise ValueError(f"torch.autocast does not run {autocast_dtype} on {device_type} "
                              f"(it runs {mixed_precision.describe(autocast)})")
         gm = export(model, inputs)
-        kinds = primal_kinds(gm, inputs)
+        sources = primal_sources(gm, model, inputs)
         try:
             trace(gm, partition)(*inputs.args, **inputs.kwargs)
         except _Captured as c:
-            graph = build_opgraph(c.joint, c.num_fwd_outputs, kinds_by_name(c.joint, kinds), autocast=autocast)
+            graph = build_opgraph(c.joint, c.num_fwd_outputs, kinds_by_name(c.joint, primal_kinds(sources)),
+                                  autocast=autocast)
+            graph.primal_sources = sources
             if not graph.bwd:
                 raise ValueError("the model's output does not require a gradient: nothing to train")
             return graph

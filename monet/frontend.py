@@ -136,12 +136,25 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
     return gm
 
 
-def primal_kinds(gm: nn.Module, inputs: ExampleInputs) -> list[str]:
-    """Kinds of AOTAutograd's ``primals_*`` placeholders of ``aot_module(gm)``, in order:
-    "param" per parameter, "buffer" per buffer, "input" per leaf of the inputs."""
-    n_params = len(dict(gm.named_parameters(remove_duplicate=True)))
-    n_buffers = len(dict(gm.named_buffers(remove_duplicate=True)))
-    return ["param"] * n_params + ["buffer"] * n_buffers + ["input"] * len(inputs.leaves())
+def primal_sources(gm: nn.Module, model: nn.Module, inputs: ExampleInputs) -> list[tuple[str, object]]:
+    """What feeds each of AOTAutograd's ``primals_*`` placeholders of ``aot_module(gm)``, in order:
+    ``("param", name)`` and ``("buffer", name)`` with the model's own name of each parameter and
+    buffer Dynamo lifted (it lifts only those the forward uses), ``("constant", tensor)`` for a
+    plain tensor attribute it lifted, then ``("input", k)`` for leaf k of the inputs."""
+    names = {}
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
+        names.setdefault(id(t), name)
+    sources: list[tuple[str, object]] = []
+    for _, p in gm.named_parameters(remove_duplicate=True):
+        sources.append(("param", names[id(p)]) if id(p) in names else ("constant", p))
+    for _, b in gm.named_buffers(remove_duplicate=True):
+        sources.append(("buffer", names[id(b)]) if id(b) in names else ("constant", b))
+    return sources + [("input", k) for k in range(len(inputs.leaves()))]
+
+
+def primal_kinds(sources: list[tuple[str, object]]) -> list[str]:
+    """The memory kind of each primal (`primal_sources`): "param", "buffer" (constants too) or "input"."""
+    return ["buffer" if kind == "constant" else kind for kind, _ in sources]
 
 
 def kinds_by_name(joint: fx.GraphModule, kinds: list[str]) -> dict[str, str]:
@@ -172,4 +185,5 @@ def _user_frame(e: BaseException) -> str:
     return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
 
 
-__all__ = ["CaptureError", "export", "trace", "primal_kinds", "kinds_by_name", "describe_export_failure"]
+__all__ = ["CaptureError", "export", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
+           "describe_export_failure"]

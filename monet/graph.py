@@ -146,6 +146,10 @@ class OpGraph:
         impls: the non-default operator implementations applied (`monet.impls.apply_impls`).
         autocast: the autocast setting the graph was traced under, ``("cpu", "bfloat16")`` or
             None (`monet.mixed_precision`); it is the summary's last line, so part of the fingerprint.
+        loss_output: some forward output is a 0-dimensional tensor (a loss): see `fwd_tangent_bytes`.
+        primal_sources: what feeds each ``primals_*`` placeholder, set by the capture: the model's
+            parameter or buffer name, a lifted constant tensor, or the index of an input leaf
+            (`monet.frontend.primal_sources`); None for a graph built otherwise.
     """
 
     fwd: list[Node]
@@ -166,6 +170,19 @@ class OpGraph:
     input_dtype: str = ""
     impls: dict = field(default_factory=dict)  # "fwd:<id>"/"bwd:<id>" -> implementation (monet.impls)
     autocast: tuple[str, str] | None = None  # ("cpu", "bfloat16") when traced under torch.autocast
+    loss_output: bool = False  # a forward output is a scalar: training starts backward from it
+    primal_sources: list | None = None  # what feeds each primal (`monet.frontend.primal_sources`)
+
+    @property
+    def fwd_tangent_bytes(self) -> int:
+        """Bytes of output gradients live during the forward pass.
+
+        ``model(x).backward(g)`` allocates ``g`` before the iteration (all of ``tangent_bytes``);
+        a model whose output holds its scalar loss (transformers given ``labels``, `WithLoss`) is
+        trained with ``loss.backward()``, where autograd creates the gradients of the outputs
+        (ones for the loss, zeros for the others) only when the backward pass starts: none
+        during the forward pass."""
+        return 0 if self.loss_output else self.tangent_bytes
 
     @property
     def bwd_reads(self) -> list[tuple[int, ...]]:
@@ -345,6 +362,8 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
     # The caller holds the outputs during the backward pass; each differentiable output has a
     # tangent of its own shape, so their bytes agree (mutated buffers have no tangent).
     output_bytes = tangent_bytes
+    loss_output = any(isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].dim() == 0
+                      for p in placeholders if p.name.startswith(TANGENT))
 
     inputs = [p for p in placeholders if kinds.get(p.name) == "input" and isinstance(p.meta.get("val"), torch.Tensor)]
     in_shape = tuple(int(d) for d in inputs[0].meta["val"].shape) if inputs else ()
@@ -353,4 +372,4 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
                    param_bytes=_bytes_of("param"), buffer_bytes=_bytes_of("buffer"),
                    input_bytes=_bytes_of("input"), output_bytes=output_bytes, tangent_bytes=tangent_bytes,
                    fingerprint=fingerprint(summary), summary=summary, joint=joint,
-                   num_fwd_outputs=num_fwd_outputs, autocast=autocast)
+                   num_fwd_outputs=num_fwd_outputs, autocast=autocast, loss_output=loss_output)

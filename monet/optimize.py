@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -109,17 +110,103 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         ValueError: a malformed budget, mode, cost source or optimizer; a budget smaller than the
             optimizer's state.
     """
+    plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
+                   gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=progress)
+    sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
+                     if_infeasible=if_infeasible)
+    return plan.wrap(sol)
+
+
+@dataclass
+class Plan:
+    """A captured and costed model, to be solved at any budget and mode (`prepare`'s result).
+
+    Attributes:
+        module: the model (or `WithLoss` of it) the graph was captured from.
+        inputs: the example inputs (with ``target`` among the keyword arguments for a loss).
+        graph: the `OpGraph`; costs: its `CostArrays`; cost_fn: costs of implementation variants.
+        eager_peak_bytes: plain PyTorch's simulated peak, bytes (what ``"50%"`` is half of).
+        device: the device type the costs are for.
+    """
+
+    module: nn.Module
+    inputs: ExampleInputs
+    graph: object
+    costs: object
+    cost_fn: object
+    eager_peak_bytes: int
+    device: str
+    name: str
+    progress: bool = True
+
+    def _log(self, message: str) -> None:
+        if self.progress:
+            _log(message)
+
+    def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
+              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise"):
+        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
+        from monet.impls import mode_tokens
+        from monet.solver.ilp import InfeasibleBudgetError
+        from monet.solver.solve import parse_budget, solve
+
+        mode_tokens("inplace_conv_multiway_newnode" if mode == "full" else mode)
+        if if_infeasible not in ("raise", "smallest"):
+            raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
+        smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
+        budget_bytes = None if smallest else parse_budget(budget, self.eager_peak_bytes)
+        state = optimizer_state_bytes(self.graph.param_bytes, optimizer)
+        if state and smallest:
+            raise ValueError("budget='min' (the smallest feasible budget) leaves nothing to count the "
+                             "optimizer's state against: give a budget, or optimizer=None")
+        if state:
+            if state >= budget_bytes:
+                raise ValueError(f"the {optimizer} state ({state} bytes) does not fit the budget "
+                                 f"({budget_bytes} bytes)")
+            self._log(f"{optimizer} keeps {state / 2**20:.1f} MiB of state: the schedule gets "
+                      f"{(budget_bytes - state) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
+            budget_bytes -= state
+        first = self.inputs.first
+        info = dict(model=self.name, batch_size=self.inputs.batch_size, input_shape=tuple(first.shape[1:]),
+                    dtype=str(first.dtype).removeprefix("torch."), device=self.device)
+        t0 = time.perf_counter()
+        at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
+        self._log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")
+        kw = dict(solver=solver, time_limit=time_limit, info=info, device=self.device, cost_fn=self.cost_fn,
+                  progress=self._log if self.progress else None, gap=gap)
+        try:
+            sol = solve(self.graph, self.costs, budget_bytes, mode, **kw)
+        except InfeasibleBudgetError as e:
+            if if_infeasible != "smallest" or e.min_budget_bytes is None:
+                raise
+            self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
+            sol = solve(self.graph, self.costs, e.min_budget_bytes, mode, **kw)
+        self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
+                  f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
+        return sol
+
+    def wrap(self, solution, model: nn.Module | None = None):
+        """`MONeTWrapper` of ``model`` (default: the captured module; with a loss, pass
+        ``WithLoss(model, loss_fn)``) with ``solution``."""
+        from monet.wrapper import MONeTWrapper
+
+        return MONeTWrapper(self.module if model is None else model, solution)
+
+
+def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost: str = "hybrid",
+            device: str | None = None, gpu_spec: str | None = None, autocast_dtype: torch.dtype | None = None,
+            cache_dir=None, progress: bool = True) -> Plan:
+    """Capture and cost ``model`` once (arguments as for `optimize`); solve the `Plan` at any budget.
+
+    Raises:
+        monet.capture.CaptureError: the model cannot be traced.
+        ValueError: a malformed cost source, or ``loss_fn`` without ``target``.
+    """
     from monet.capture import capture
-    from monet.impls import mode_tokens
     from monet.profiling.costs import costs_for
     from monet.profiling.sources import cost_table, variant_cost_fn
-    from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.solve import eager_peak, parse_budget, solve
-    from monet.wrapper import MONeTWrapper
+    from monet.solver.solve import eager_peak
 
-    mode_tokens("inplace_conv_multiway_newnode" if mode == "full" else mode)
-    if if_infeasible not in ("raise", "smallest"):
-        raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
     log = _log if progress else (lambda _m: None)
     inputs = ExampleInputs.of(example_inputs)
     module = model
@@ -130,7 +217,6 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
     device = device or inputs.first.device.type
     name = type(model).__name__
-
     t0 = time.perf_counter()
     log(f"capturing {name} on {inputs.describe()} ...")
     graph = capture(module, inputs, autocast_dtype=autocast_dtype)
@@ -142,36 +228,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     eager = eager_peak(graph, costs)
     log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
         f"{eager / 2**20:.1f} MiB, iteration {1e3 * costs.total_time:.1f} ms predicted")
-    smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
-    budget_bytes = None if smallest else parse_budget(budget, eager)
-    state = optimizer_state_bytes(graph.param_bytes, optimizer)
-    if state and smallest:
-        raise ValueError("budget='min' (the smallest feasible budget) leaves nothing to count the "
-                         "optimizer's state against: give a budget, or optimizer=None")
-    if state:
-        if state >= budget_bytes:
-            raise ValueError(f"the {optimizer} state ({state} bytes) does not fit the budget ({budget_bytes} bytes)")
-        log(f"{optimizer} keeps {state / 2**20:.1f} MiB of state: the schedule gets "
-            f"{(budget_bytes - state) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
-        budget_bytes -= state
-    first = inputs.first
-    info = dict(model=name, batch_size=inputs.batch_size, input_shape=tuple(first.shape[1:]),
-                dtype=str(first.dtype).removeprefix("torch."), device=device.split(":")[0])
-    t0 = time.perf_counter()
-    at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
-    log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")
-    kw = dict(solver=solver, time_limit=time_limit, info=info, device=device.split(":")[0], cost_fn=cost_fn,
-              progress=log if progress else None, gap=gap)
-    try:
-        sol = solve(graph, costs, budget_bytes, mode, **kw)
-    except InfeasibleBudgetError as e:
-        if if_infeasible != "smallest" or e.min_budget_bytes is None:
-            raise
-        log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
-        sol = solve(graph, costs, e.min_budget_bytes, mode, **kw)
-    log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
-        f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
-    return MONeTWrapper(module, sol)
+    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress)
 
 
-__all__ = ["optimize", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]
+__all__ = ["optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

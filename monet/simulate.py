@@ -29,7 +29,7 @@ class SimResult:
 
     ``peak_bytes`` over the whole iteration (constants included); ``fwd_peak_bytes`` and
     ``bwd_peak_bytes`` per pass; ``constant_bytes`` = parameters + buffers + input + output
-    gradient; ``saved_bytes``: what the forward hands to the backward; ``peak_at``: the FX node
+    gradient (during the forward pass only `OpGraph.fwd_tangent_bytes` of the gradient); ``saved_bytes``: what the forward hands to the backward; ``peak_at``: the FX node
     at the peak.
     """
 
@@ -132,18 +132,21 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
         return 0
 
     constant = graph.param_bytes + graph.buffer_bytes + graph.input_bytes + graph.tangent_bytes
+    fwd_constant = constant - graph.tangent_bytes + graph.fwd_tangent_bytes
     primals = {n.name for n in fw.graph.nodes if n.op == "placeholder"}
     fwd_peak, fwd_at, _ = replay(fw.graph, ws, primals, {})
 
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
-    held = {n.name for n in bw_inputs if n.name in primals or n.name.startswith(TANGENT)}
+    # the caller holds ``g`` of ``y.backward(g)``; the output gradients autograd creates for
+    # ``loss.backward()`` are the backward module's own, freed after their last use
+    caller_tangents = not graph.loss_output
+    held = {n.name for n in bw_inputs if n.name in primals or (caller_tangents and n.name.startswith(TANGENT))}
     saved = {n.name: sum(tensor_bytes(t) for t in _tensors(n.meta.get("val"))) for n in bw_inputs
              if n.name not in held}
-    saved_bytes = sum(saved.values())
+    saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))
     bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved))
-    bwd_total = bwd_peak + graph.output_bytes
-    fwd_total = fwd_peak
-    peak = max(fwd_total, bwd_total)
-    return SimResult(peak_bytes=constant + peak, fwd_peak_bytes=constant + fwd_total,
-                     bwd_peak_bytes=constant + bwd_total, constant_bytes=constant, saved_bytes=saved_bytes,
+    bwd_total = (constant if caller_tangents else fwd_constant) + bwd_peak + graph.output_bytes
+    fwd_total = fwd_constant + fwd_peak
+    return SimResult(peak_bytes=max(fwd_total, bwd_total), fwd_peak_bytes=fwd_total,
+                     bwd_peak_bytes=bwd_total, constant_bytes=constant, saved_bytes=saved_bytes,
                      peak_at=fwd_at if fwd_total >= bwd_total else bwd_at)

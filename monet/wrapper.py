@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from monet.executor import build_modules
-from monet.frontend import export, kinds_by_name, primal_kinds, trace
+from monet.frontend import export, kinds_by_name, primal_kinds, primal_sources, trace
 from monet.graph import build_opgraph
 from monet import mixed_precision
 from monet.inputs import ExampleInputs
@@ -71,11 +71,13 @@ class ScheduledModule(nn.Module):
 
     def _trace(self, inputs: ExampleInputs, autocast):
         gm = export(self.model, inputs)
-        kinds = primal_kinds(gm, inputs)
+        sources = primal_sources(gm, self.model, inputs)
         holder = self.monet_compiled
 
         def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
-            graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, kinds), autocast=autocast)
+            graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, primal_kinds(sources)),
+                                  autocast=autocast)
+            graph.primal_sources = sources
             if self._check is not None:
                 self._check(graph)
             schedule = self._make_schedule(graph)

@@ -197,7 +197,8 @@ def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:
     device = inputs.first.device
 
     def step():
-        loss_fn(inputs.call(model)).backward()
+        out = inputs.call(model)  # held during the backward pass, as a training loop holds it
+        loss_fn(out).backward()
 
     for p in model.parameters():
         p.grad = None

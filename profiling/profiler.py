@@ -128,8 +128,25 @@ def joint_inputs(model: nn.Module, example_inputs, graph: OpGraph,
     leaves = ExampleInputs.of(example_inputs).leaves()
     params = list(model.named_parameters())
     buffers = list(model.named_buffers())
-    primals = ([("parameter " + n, t) for n, t in params] + [("buffer " + n, t) for n, t in buffers]
-               + [(f"input {k}", v) for k, v in enumerate(leaves)])
+    if graph.primal_sources is not None:  # the parameters and buffers the forward uses, by name
+        named = dict(model.named_parameters(remove_duplicate=False))
+        named.update(model.named_buffers(remove_duplicate=False))
+        primals = []
+        for kind, key in graph.primal_sources:
+            if kind in ("param", "buffer"):
+                if key not in named:
+                    raise ValueError(f"the graph reads {kind} {key!r}, which the model does not have: "
+                                     f"the graph was captured from another model")
+                primals.append((f"{'parameter' if kind == 'param' else 'buffer'} {key}", named[key]))
+            elif kind == "constant":
+                primals.append(("constant", key))
+            else:
+                primals.append((f"input {key}", leaves[key] if key < len(leaves) else None))
+        params = [p for p in primals if p[0].startswith("parameter")]
+        buffers = [p for p in primals if not p[0].startswith(("parameter", "input"))]
+    else:
+        primals = ([("parameter " + n, t) for n, t in params] + [("buffer " + n, t) for n, t in buffers]
+                   + [(f"input {k}", v) for k, v in enumerate(leaves)])
     phs = _placeholders(graph.joint)
     n_primal = sum(p.name.startswith(PRIMAL) for p in phs)
     if n_primal != len(primals):

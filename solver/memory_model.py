@@ -390,7 +390,7 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
                 if k in group_index:
                     fwd_keep[i + 1:, group_index[k]] += g.values[v].nbytes
         fwd_opt[i, o] += max(0.0, float(opt.fwd_workspace[i]))
-    fwd_const += constant
+    fwd_const += constant - graph.tangent_bytes + graph.fwd_tangent_bytes  # see OpGraph.fwd_tangent_bytes
     rng_bytes = rng_state_bytes(graph)
 
     # ---- backward stages
