@@ -17,6 +17,7 @@ import operator
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 import torch.fx as fx
 
 from monet.graph import OpGraph, TANGENT, _tensors, is_alias, tensor_bytes
@@ -137,15 +138,21 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
     fwd_peak, fwd_at, _ = replay(fw.graph, ws, primals, {})
 
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
-    # the caller holds ``g`` of ``y.backward(g)``; the output gradients autograd creates for
-    # ``loss.backward()`` are the backward module's own, freed after their last use
-    caller_tangents = not graph.loss_output
-    held = {n.name for n in bw_inputs if n.name in primals or (caller_tangents and n.name.startswith(TANGENT))}
+    # the caller holds ``g`` of ``y.backward(g)``; of the output gradients autograd creates for
+    # ``loss.backward()``, the engine holds the loss's (a scalar) through the backward pass, and the
+    # others (zeros) are the backward module's own, freed after their last use
+    def held_tangent(n) -> bool:
+        val = n.meta.get("val")
+        return not graph.loss_output or (isinstance(val, torch.Tensor) and val.dim() == 0)
+
+    held = {n.name for n in bw_inputs if n.name in primals or (n.name.startswith(TANGENT) and held_tangent(n))}
     saved = {n.name: sum(tensor_bytes(t) for t in _tensors(n.meta.get("val"))) for n in bw_inputs
              if n.name not in held}
     saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))
     bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved))
-    bwd_total = (constant if caller_tangents else fwd_constant) + bwd_peak + graph.output_bytes
+    held_tangents = sum(tensor_bytes(n.meta["val"]) for n in bw_inputs
+                        if n.name.startswith(TANGENT) and n.name in held)
+    bwd_total = constant - graph.tangent_bytes + held_tangents + bwd_peak + graph.output_bytes
     fwd_total = fwd_constant + fwd_peak
     return SimResult(peak_bytes=max(fwd_total, bwd_total), fwd_peak_bytes=fwd_total,
                      bwd_peak_bytes=bwd_total, constant_bytes=constant, saved_bytes=saved_bytes,
