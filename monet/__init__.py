@@ -13,6 +13,6 @@ def __getattr__(name):
         from monet.wrapper import MONeTWrapper
         return MONeTWrapper
     if name == "optimize":
-        from monet.optimize import optimize
+        from monet.plan import optimize
         return optimize
     raise AttributeError(f"module 'monet' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """The reach suite: real models from torchvision, timm and Hugging Face transformers, through
-`monet.optimize`'s steps (`monet.optimize.prepare`, then ``Plan.solve`` in normal and full mode).
+`monet.optimize`'s steps (`monet.plan.prepare`, then ``Plan.solve`` in normal and full mode).
 
 For each model (tiny configurations, `tests/reach_models.py`): capture through Dynamo, cost with
 measured workspace, solve at 50 % of plain PyTorch's simulated peak (the smallest feasible budget
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import reach_models as rm
 from monet.inputs import ExampleInputs
-from monet.optimize import WithLoss, prepare
+from monet.plan import WithLoss, prepare
 from monet.profiling import check as chk
 
 TIME_LIMIT = 3.0  # seconds per solve: tiny graphs; the budget guarantee does not depend on it

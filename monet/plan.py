@@ -1,4 +1,4 @@
-"""`monet.optimize`: capture, cost, solve and wrap in one call, as ``torch.compile`` is one call.
+"""`monet.optimize` (this module's `optimize`): capture, cost, solve and wrap in one call, as ``torch.compile`` is one call.
 
     model = monet.optimize(model, {"input_ids": ids, "labels": ids}, budget="50%")
     loss = model(input_ids=ids, labels=ids).loss; loss.backward(); opt.step()
@@ -63,6 +63,7 @@ def _log(message: str) -> None:
 
 def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "normal",
              time_limit: float = 60.0, loss_fn=None, target=None, optimizer: str | None = None,
+             accumulate_grads: bool = False,
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = 0.02,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise"):
@@ -86,6 +87,9 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
             transformers model given ``labels`` computes its loss inside).
         target: the example target for ``loss_fn`` (its shape and dtype are traced).
+        accumulate_grads: gradient accumulation over micro-batches (``backward`` several times
+            before ``step``): the parameters' gradients then stay allocated through every forward
+            and backward pass after the first, so their bytes are taken out of the budget too.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``: count its state
             (0, 1, 2, 2 times the parameter bytes) in the budget.  None: not counted.
         cost: ``"hybrid"`` (analytic times, measured workspace), ``"analytic"`` or ``"profile"``
@@ -113,7 +117,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
                    gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=progress)
     sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
-                     if_infeasible=if_infeasible)
+                     if_infeasible=if_infeasible, accumulate_grads=accumulate_grads)
     return plan.wrap(sol)
 
 
@@ -144,7 +148,7 @@ class Plan:
             _log(message)
 
     def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
-              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise"):
+              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False):
         """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
         from monet.impls import mode_tokens
         from monet.solver.ilp import InfeasibleBudgetError
@@ -156,16 +160,18 @@ class Plan:
         smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
         budget_bytes = None if smallest else parse_budget(budget, self.eager_peak_bytes)
         state = optimizer_state_bytes(self.graph.param_bytes, optimizer)
-        if state and smallest:
+        grads = self.graph.param_bytes if accumulate_grads else 0
+        reserved = state + grads
+        if reserved and smallest:
             raise ValueError("budget='min' (the smallest feasible budget) leaves nothing to count the "
-                             "optimizer's state against: give a budget, or optimizer=None")
-        if state:
-            if state >= budget_bytes:
-                raise ValueError(f"the {optimizer} state ({state} bytes) does not fit the budget "
-                                 f"({budget_bytes} bytes)")
-            self._log(f"{optimizer} keeps {state / 2**20:.1f} MiB of state: the schedule gets "
-                      f"{(budget_bytes - state) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
-            budget_bytes -= state
+                             "optimizer's state or accumulated gradients against: give a budget")
+        if reserved:
+            what = " and ".join(w for w, b in ((f"the {optimizer} state", state), ("the accumulated gradients", grads)) if b)
+            if reserved >= budget_bytes:
+                raise ValueError(f"{what} ({reserved} bytes) do not fit the budget ({budget_bytes} bytes)")
+            self._log(f"{what} take {reserved / 2**20:.1f} MiB: the schedule gets "
+                      f"{(budget_bytes - reserved) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
+            budget_bytes -= reserved
         first = self.inputs.first
         info = dict(model=self.name, batch_size=self.inputs.batch_size, input_shape=tuple(first.shape[1:]),
                     dtype=str(first.dtype).removeprefix("torch."), device=self.device)

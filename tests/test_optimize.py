@@ -1,0 +1,114 @@
+"""`monet.optimize`, the one call: a loss traced with the model, the solution saved and loaded, the
+optimizer's state and accumulated gradients counted in the budget, refusals of bad arguments."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import monet
+from monet.inputs import ExampleInputs
+from monet.plan import WithLoss, optimizer_state_bytes, prepare
+from monet.profiling import check as chk
+from monet.profiling.memory import live_tensor_bytes, measure_peak
+from monet.wrapper import MONeTWrapper
+from usernet import UserNet
+
+SHAPE = (3, 16, 16)
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def batch():
+    torch.manual_seed(0)
+    return torch.randn(BATCH, *SHAPE), torch.randint(0, 5, (BATCH,))
+
+
+@pytest.fixture(scope="module")
+def plan(batch, tmp_path_factory):
+    x, y = batch
+    torch.manual_seed(0)
+    return prepare(UserNet(), x, loss_fn=F.cross_entropy, target=y, progress=False,
+                   cache_dir=tmp_path_factory.mktemp("costs"))
+
+
+def _fresh(plan):
+    return WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy)
+
+
+def test_one_call_trains_as_pytorch_and_saves(batch, tmp_path):
+    x, y = batch
+    torch.manual_seed(0)
+    model = UserNet()
+    plain = WithLoss(copy.deepcopy(model), F.cross_entropy)
+    wrapped = monet.optimize(model, x, budget="min", loss_fn=F.cross_entropy, target=y, time_limit=5,
+                             progress=False, cache_dir=tmp_path / "costs")
+    assert wrapped.solution.schedule.recompute_count() > 0
+    inputs = dict(target=y)
+    lw, gw = chk.train_losses(wrapped, ExampleInputs((x,), inputs))
+    lp, gp = chk.train_losses(plain, ExampleInputs((x,), inputs))
+    assert all(torch.equal(a, b) for a, b in zip(lw, lp)) and all(torch.equal(gw[k], gp[k]) for k in gp)
+    path = tmp_path / "usernet.monet"
+    wrapped.solution.save(path)
+    again = MONeTWrapper(WithLoss(copy.deepcopy(model), F.cross_entropy), path)
+    assert again.solution == wrapped.solution
+    assert torch.isfinite(again(x, target=y))
+
+
+def test_optimizer_state_is_counted(plan, batch):
+    """With Adam, the budget covers the iteration and Adam's two state tensors per parameter."""
+    x, y = batch
+    budget = int(0.9 * plan.eager_peak_bytes)
+    state = optimizer_state_bytes(plan.graph.param_bytes, "adam")
+    assert state == 2 * plan.graph.param_bytes > 0
+    sol = plan.solve(budget, optimizer="adam", time_limit=5)
+    assert sol.meta.budget_bytes == budget - state
+    wrapped = plan.wrap(sol, _fresh(plan))
+    opt = torch.optim.Adam(wrapped.parameters())
+    wrapped(x, target=y).backward()
+    opt.step()  # Adam's state now exists
+    opt.zero_grad(set_to_none=True)
+    wrapped(x, target=y).backward()  # warm
+    opt.zero_grad(set_to_none=True)
+    base = live_tensor_bytes(wrapped, opt, x, y, device="cpu")
+    peak = measure_peak(lambda: wrapped(x, target=y).backward(), "cpu", baseline_bytes=base).peak_bytes
+    assert peak <= budget
+    # the state is really there: the iteration's predicted peak plus Adam's state (within 2 %)
+    assert abs(peak - (sol.meta.predicted_peak_bytes + state)) <= 0.02 * peak
+
+
+def test_accumulated_gradients_are_counted(plan, batch):
+    """Two micro-batches accumulated: PyTorch's gradients, and the second one's peak (with the
+    first one's gradients allocated) within the budget."""
+    x, y = batch
+    budget = int(0.9 * plan.eager_peak_bytes)
+    sol = plan.solve(budget, accumulate_grads=True, time_limit=5)
+    assert sol.meta.budget_bytes == budget - plan.graph.param_bytes
+    wrapped, plain = plan.wrap(sol, _fresh(plan)), _fresh(plan)
+    halves = [(x[:4], y[:4]), (x[4:], y[4:])]
+    for m in (wrapped, plain):
+        torch.manual_seed(1)
+        for xs, ys in halves:
+            m(xs, target=ys).backward()
+    for p, q in zip(wrapped.parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    # the second micro-batch at full size, with gradients already allocated
+    base = live_tensor_bytes(wrapped, x, y, device="cpu")
+    peak = measure_peak(lambda: wrapped(x, target=y).backward(), "cpu", baseline_bytes=base).peak_bytes
+    assert peak <= budget
+
+
+def test_bad_arguments_are_refused(plan, batch):
+    x, _ = batch
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        plan.solve("90%", optimizer="lion")
+    with pytest.raises(ValueError, match="if_infeasible"):
+        plan.solve("90%", if_infeasible="ignore")
+    with pytest.raises(ValueError, match="does not fit|do not fit"):
+        plan.solve(1000, optimizer="adam")
+    with pytest.raises(ValueError, match="target"):
+        monet.optimize(UserNet(), x, loss_fn=F.cross_entropy, progress=False)
+    with pytest.raises(ValueError, match="mode"):
+        monet.optimize(UserNet(), x, mode="fastest", progress=False)
