@@ -32,7 +32,11 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "highspy", "pyscipopt"],
+        # the reach suite (tests/test_reach.py) runs real models from these three libraries; with
+        # the README's `pip install torch==2.13.0 -e '.[test]'` they resolve against that torch
+        # (torchvision 0.28.0); pinned so that a new release cannot ask for another torch
+        "test": ["pytest", "highspy", "pyscipopt", "torchvision>=0.26,<0.29", "timm==1.0.31",
+                 "transformers==5.24.0"],
         "solvers": ["highspy", "pyscipopt"],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
