@@ -57,6 +57,15 @@ def optimizer_state_bytes(param_bytes: int, optimizer: str | None) -> int:
     return OPTIMIZER_STATE[key] * int(param_bytes)
 
 
+def zero_gamma_batchnorms(model: nn.Module) -> list[str]:
+    """Names of the BatchNorm layers of ``model`` with a weight (gamma) entry equal to 0."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return [name for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and m.weight is not None and not m.weight.is_meta
+            and bool((m.weight.detach() == 0).any())]
+
+
 def _log(message: str) -> None:
     print(f"monet: {message}", file=sys.stderr, flush=True)
 
@@ -154,7 +163,14 @@ class Plan:
         from monet.solver.ilp import InfeasibleBudgetError
         from monet.solver.solve import parse_budget, solve
 
-        mode_tokens("inplace_conv_multiway_newnode" if mode == "full" else mode)
+        tokens = mode_tokens(mode)
+        zero = zero_gamma_batchnorms(self.module)
+        if "multiway" in tokens and zero:
+            # BatchNorm rebuilding its input from its output divides by gamma (monet.impls.batchnorm)
+            mode = "_".join(t for t in ("inplace", "conv", "newnode") if t in tokens) or "normal"
+            self._log(f"{len(zero)} BatchNorm layer(s) have gamma == 0 ({zero[0]} ...; zero-initialised, as timm's "
+                      f"zero_init_last does): their output-activated backward cannot recover the input, so the "
+                      f"'multiway' implementations are left out: mode {mode}")
         if if_infeasible not in ("raise", "smallest"):
             raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
         smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
