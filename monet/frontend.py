@@ -37,6 +37,72 @@ class CaptureError(RuntimeError):
     """The model could not be traced; the message names the operator or construct and the fix."""
 
 
+class ShardedModelError(CaptureError, TypeError):
+    """The model is sharded with FSDP2 (``fully_shard``) or holds DTensor parameters: monet cannot
+    capture it as one graph (see `fsdp_refusal`)."""
+
+
+FSDP2_ALTERNATIVES = (
+    "Alternatives: (1) per block: wrap each block first, then shard the wrappers, "
+    "`block = fully_shard(MONeTWrapper(block, block_solution))` with a schedule solved for one block "
+    "(`capture(block, x_block)` with its input as the block receives it), then `fully_shard(model)`; "
+    "FSDP2 then all-gathers the block's parameters before the scheduled forward and again before its "
+    "scheduled backward (README, \"FSDP2\"); (2) DistributedDataParallel: `DDP(MONeTWrapper(model, solution))` "
+    "with unsharded parameters")
+
+
+def fsdp_refusal(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be captured as one graph under FSDP2, or None.
+
+    A module sharded with ``torch.distributed.fsdp.fully_shard`` (an ``FSDPModule``: the model or
+    any submodule) runs FSDP2's pre/post-forward hooks (all-gather, reshard, the backward's
+    reduce-scatter), which torch 2.13 marks ``torch._dynamo.disable`` (``_dynamo_disable`` in
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_common.py``): Dynamo breaks the graph there, and
+    the collectives would run outside AOTAutograd's joint graph anyway.  Outside FSDP2's forward
+    its parameters are DTensor shards, not the tensors the graph computes with.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without torch.distributed
+        return None
+    sharded = [name or "the model" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    dtensors = [name for name, t in list(model.named_parameters()) + list(model.named_buffers())
+                if isinstance(t, DTensor)]
+    if not sharded and not dtensors:
+        return None
+    what = (f"it is sharded with FSDP2's fully_shard ({', '.join(sharded[:4])}{' ...' if len(sharded) > 4 else ''} "
+            f"{'is an FSDPModule' if len(sharded) == 1 else 'are FSDPModules'})" if sharded else
+            f"it holds DTensor parameters ({', '.join(dtensors[:4])}{' ...' if len(dtensors) > 4 else ''})")
+    return (f"monet cannot capture this model as one graph: {what}. FSDP2's hooks all-gather and "
+            "reshard the parameters outside autograd's graph and torch 2.13 excludes them from Dynamo "
+            "(torch._dynamo.disable in torch/distributed/fsdp/_fully_shard/_fsdp_common.py), so a "
+            "fully_shard-ed model is a graph break and its DTensor shards are not the tensors its "
+            f"forward computes with. {FSDP2_ALTERNATIVES}")
+
+
+@contextlib.contextmanager
+def _fsdp_managed_as_plain(model: nn.Module):
+    """Let Dynamo trace ``model`` as a plain module while FSDP2 manages it from outside.
+
+    ``fully_shard(MONeTWrapper(block, ...))`` marks the block and its submodules
+    ``_is_fsdp_managed_module``; Dynamo then lifts their parameters as graph inputs (as
+    ``torch.compile`` under FSDP2 wants), which ``torch._dynamo.export`` rejects ("Unexpectedly
+    found a Parameter in the inputs").  Inside FSDP2's forward those parameters are the
+    all-gathered, unsharded ``nn.Parameter`` objects FSDP2 reuses every step (it refills their
+    storage before the forward and before the backward), so the graph may hold them as attributes,
+    as for any module.  The marks are restored afterwards.
+    """
+    marked = [m for m in model.modules() if getattr(m, "_is_fsdp_managed_module", False)]
+    for m in marked:
+        m._is_fsdp_managed_module = False
+    try:
+        yield
+    finally:
+        for m in marked:
+            m._is_fsdp_managed_module = True
+
+
 def _logging_functions() -> set:
     """Logger methods Dynamo may skip (transformers' ``logger.warning_once`` among them): a
     model that logs while it runs would otherwise be a graph break."""
@@ -114,17 +180,26 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
     buffers are the model's own objects, in the model's order.  Nothing of the inputs' size is
     allocated: Dynamo traces with fake tensors.
 
+    A model managed by FSDP2 from outside (the ``block`` of ``fully_shard(MONeTWrapper(block,
+    ...))``, called inside FSDP2's forward with its parameters all-gathered) is traced as a plain
+    module (`_fsdp_managed_as_plain`).
+
     Raises:
+        ShardedModelError: the model is or contains a ``fully_shard``-ed module, or holds DTensor
+            parameters (`fsdp_refusal`).
         CaptureError: a graph break, a data-dependent branch, an output Dynamo cannot return (a
             transformers cache: the message says ``use_cache=False``), or a model compiled already.
     """
     if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
         raise CaptureError("the model is a torch.compile result: pass the original model "
                            "(`model._orig_mod`)")
+    refusal = fsdp_refusal(model)
+    if refusal:
+        raise ShardedModelError(refusal)
     patch = torch._dynamo.config.patch(
         ignore_logging_functions=set(torch._dynamo.config.ignore_logging_functions) | _logging_functions())
     try:
-        with patch, _train_mode(model):
+        with patch, _train_mode(model), _fsdp_managed_as_plain(model):
             gm, _guards = torch._dynamo.export(model, aten_graph=False)(*inputs.args, **inputs.kwargs)
     except CaptureError:
         raise
@@ -185,5 +260,5 @@ def _user_frame(e: BaseException) -> str:
     return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
 
 
-__all__ = ["CaptureError", "export", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
+__all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
            "describe_export_failure"]

@@ -72,7 +72,7 @@ def _log(message: str) -> None:
 
 def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "normal",
              time_limit: float = 60.0, loss_fn=None, target=None, optimizer: str | None = None,
-             accumulate_grads: bool = False,
+             accumulate_grads: bool = False, reserved_bytes: int = 0,
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = 0.02,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise"):
@@ -99,6 +99,12 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         accumulate_grads: gradient accumulation over micro-batches (``backward`` several times
             before ``step``): the parameters' gradients then stay allocated through every forward
             and backward pass after the first, so their bytes are taken out of the budget too.
+        reserved_bytes: bytes held outside this graph during its forward and backward, taken out
+            of the budget too.  For one block under FSDP2 (README, "FSDP2"): the whole model's
+            sharded parameters, sharded gradients and sharded optimizer state (each 1/world_size
+            of the unsharded bytes), the next block's all-gathered parameters when FSDP2 prefetches,
+            and the activations the other blocks keep; the block's own all-gathered parameters and
+            unsharded gradients are in its graph already.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``: count its state
             (0, 1, 2, 2 times the parameter bytes) in the budget.  None: not counted.
         cost: ``"hybrid"`` (analytic times, measured workspace), ``"analytic"`` or ``"profile"``
@@ -126,7 +132,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
                    gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=progress)
     sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
-                     if_infeasible=if_infeasible, accumulate_grads=accumulate_grads)
+                     if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
+                     reserved_bytes=reserved_bytes)
     return plan.wrap(sol)
 
 
@@ -157,7 +164,8 @@ class Plan:
             _log(message)
 
     def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
-              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False):
+              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False,
+              reserved_bytes: int = 0):
         """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
         from monet.impls import mode_tokens
         from monet.solver.ilp import InfeasibleBudgetError
@@ -177,12 +185,15 @@ class Plan:
         budget_bytes = None if smallest else parse_budget(budget, self.eager_peak_bytes)
         state = optimizer_state_bytes(self.graph.param_bytes, optimizer)
         grads = self.graph.param_bytes if accumulate_grads else 0
-        reserved = state + grads
+        if int(reserved_bytes) < 0:
+            raise ValueError(f"reserved_bytes must be >= 0, got {reserved_bytes}")
+        reserved = state + grads + int(reserved_bytes)
         if reserved and smallest:
             raise ValueError("budget='min' (the smallest feasible budget) leaves nothing to count the "
-                             "optimizer's state or accumulated gradients against: give a budget")
+                             "optimizer's state, accumulated gradients or reserved bytes against: give a budget")
         if reserved:
-            what = " and ".join(w for w, b in ((f"the {optimizer} state", state), ("the accumulated gradients", grads)) if b)
+            what = " and ".join(w for w, b in ((f"the {optimizer} state", state), ("the accumulated gradients", grads),
+                                              ("the reserved bytes", int(reserved_bytes))) if b)
             if reserved >= budget_bytes:
                 raise ValueError(f"{what} ({reserved} bytes) do not fit the budget ({budget_bytes} bytes)")
             self._log(f"{what} take {reserved / 2**20:.1f} MiB: the schedule gets "

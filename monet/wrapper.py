@@ -8,7 +8,8 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from monet.executor import build_modules
-from monet.frontend import export, kinds_by_name, primal_kinds, primal_sources, trace
+from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
+                            primal_sources, trace)
 from monet.graph import build_opgraph
 from monet import mixed_precision
 from monet.inputs import ExampleInputs
@@ -128,6 +129,15 @@ class MONeTWrapper(nn.Module):
     ``torch.compile`` of a larger module containing the wrapper compiles the code around it.  A
     model compiled before wrapping (``MONeTWrapper(torch.compile(model), ...)``) is refused.
 
+    FSDP2 (``torch.distributed.fsdp.fully_shard``): shard the wrappers of the blocks, each with a
+    schedule solved for one block, ``model.blocks[i] = fully_shard(MONeTWrapper(block, block_sol))``,
+    then ``fully_shard(model)``.  FSDP2's hooks run around the wrapper: the block's parameters are
+    all-gathered before its scheduled forward and again before its scheduled backward (with its
+    recomputations), and its gradients reduce-scattered after.  A model that is or contains a
+    ``fully_shard``-ed module, or holds DTensor parameters, is refused (`ShardedModelError`, also
+    when it is sharded after wrapping: on the first training call): torch 2.13 keeps FSDP2's
+    hooks out of Dynamo, so it cannot be captured as one graph.
+
     Mixed precision: a solution solved under autocast (``monet solve --autocast bf16``, or
     ``capture(model, x, autocast_dtype=torch.bfloat16)``) runs inside the caller's
     ``with torch.autocast(device_type, dtype=...)`` (backward inside or outside it, as with the
@@ -148,6 +158,8 @@ class MONeTWrapper(nn.Module):
         monet.solution.AutocastMismatchError: (on a training call; also a RuntimeError) the
             autocast setting in force differs from the one the solution was solved for.
         TypeError: ``model`` is a ``torch.compile`` result (wrap the original model instead).
+        monet.frontend.ShardedModelError: (also a TypeError) ``model`` is sharded with FSDP2's
+            ``fully_shard`` or holds DTensor parameters; the message names the per-block way.
     """
 
     def __init__(self, model: nn.Module, solution, input_shape=None):
@@ -157,6 +169,9 @@ class MONeTWrapper(nn.Module):
                             "`model._orig_mod` (or the model before torch.compile); to compile, pass the "
                             "wrapper or a module containing it to torch.compile: the scheduled training "
                             "step runs eagerly as a graph break and the code around it is compiled")
+        refusal = fsdp_refusal(model)
+        if refusal:
+            raise ShardedModelError(refusal)
         if not isinstance(solution, Solution):
             solution = load_solution(solution)
         self.solution = solution
@@ -250,4 +265,4 @@ class MONeTWrapper(nn.Module):
                 f"{m.budget_bytes / 2**30:.2f} GiB, predicted peak {m.predicted_peak_bytes / 2**30:.2f} GiB")
 
 
-__all__ = ["MONeTWrapper", "ScheduledModule", "SolutionMismatchError", "AutocastMismatchError", "scheduled_module"]
+__all__ = ["MONeTWrapper", "ScheduledModule", "ShardedModelError", "SolutionMismatchError", "AutocastMismatchError", "scheduled_module"]
