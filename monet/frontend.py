@@ -196,8 +196,13 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
     refusal = fsdp_refusal(model)
     if refusal:
         raise ShardedModelError(refusal)
+    # An export leaves a cache entry on the forward's code object, like a compilation; after eight
+    # exports of one model class (eight wrappers, or tests) Dynamo's recompile limit would refuse the
+    # ninth.  Nothing runs from those entries (the exported module is run, not the cache), so the
+    # limit is lifted for the export and the entries are dropped after it (`_forget`).
     patch = torch._dynamo.config.patch(
-        ignore_logging_functions=set(torch._dynamo.config.ignore_logging_functions) | _logging_functions())
+        ignore_logging_functions=set(torch._dynamo.config.ignore_logging_functions) | _logging_functions(),
+        recompile_limit=1 << 20, accumulated_recompile_limit=1 << 20)
     try:
         with patch, _train_mode(model), _fsdp_managed_as_plain(model):
             gm, _guards = torch._dynamo.export(model, aten_graph=False)(*inputs.args, **inputs.kwargs)
@@ -207,8 +212,26 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
         where = _user_code(str(e)) or _user_frame(e)
         raise CaptureError(f"could not capture the model with Dynamo{where}: "
                            f"{describe_export_failure(e)}") from e
+    finally:
+        _forget(model)
     _canonical_order(gm, model)
     return gm
+
+
+def _forget(model: nn.Module) -> None:
+    """Drop Dynamo's cache entries on the code objects of ``model``'s forward (and the functions it
+    wraps: transformers decorates its forwards), which `export` left."""
+    reset_code = getattr(torch._C._dynamo.eval_frame, "reset_code", None)
+    if reset_code is None:
+        return
+    fn = type(model).forward
+    seen = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            reset_code(code)
+        fn = getattr(fn, "__wrapped__", None)
 
 
 def primal_sources(gm: nn.Module, model: nn.Module, inputs: ExampleInputs) -> list[tuple[str, object]]:
