@@ -226,7 +226,8 @@ def get_model_and_inputs(name: str, batch_size: int | None = None, input_shape: 
     * a file factory that returns ``(model, example_inputs)``: its inputs, as they are. Their
       batch is the factory's: ``batch_size``, when given, must equal it (the inputs are never
       re-batched: repeating or slicing a batch could make it inconsistent, e.g. labels or masks
-      that belong to other rows), and ``input_shape`` / ``inputs_spec`` must not be given;
+      that belong to other rows); ``input_shape`` and ``dtype``, when given, must be those of the
+      first tensor, and ``inputs_spec`` must not be given;
     * otherwise one tensor from `example_input` (``input_shape`` defaults to a zoo model's; other
       models need it or ``inputs_spec``), of shape ``(batch_size, *input_shape)``.
 
@@ -251,17 +252,29 @@ def get_model_and_inputs(name: str, batch_size: int | None = None, input_shape: 
     else:
         model, inputs = get_model(text, **kwargs), None
     if inputs is not None:
-        if inputs_spec is not None or input_shape is not None:
+        first = inputs.first
+        if inputs_spec is not None:
             raise ValueError(f"{where} returns its own example inputs ({inputs.describe()}): "
-                             "do not give an input shape or an input spec as well")
+                             "do not give an input spec (--inputs) as well")
+        if input_shape is not None and tuple(input_shape) != tuple(first.shape[1:]):
+            raise ValueError(f"{where} returns example inputs whose first tensor has samples of shape "
+                             f"{tuple(first.shape[1:])}, not {tuple(input_shape)} ({inputs.describe()}): "
+                             "leave the input shape (--input-shape) out")
         if batch_size is not None and int(batch_size) != inputs.batch_size:
             raise ValueError(f"{where} returns example inputs of batch {inputs.batch_size} "
-                             f"({inputs.describe()}), not {int(batch_size)}: leave the batch size out, "
-                             f"or make the factory build a batch of {int(batch_size)}")
+                             f"({inputs.describe()}), not {int(batch_size)}: leave the batch size "
+                             f"(--batch-size) out, or make the factory build a batch of {int(batch_size)}")
+        if dtype is not None and dtype != first.dtype:
+            raise ValueError(f"{where} returns example inputs whose first tensor is "
+                             f"{str(first.dtype).removeprefix('torch.')}, not {str(dtype).removeprefix('torch.')}")
         return model, (inputs if device is None else inputs.to(device))
     if batch_size is None:
-        raise ValueError(f"{name!r} needs a batch size (only a factory that returns (model, example_inputs) "
-                         "fixes its own)")
+        raise ValueError(f"{name!r} needs a batch size (batch_size, --batch-size): only a factory that "
+                         "returns (model, example_inputs) fixes its own")
+    if inputs_spec is None and input_shape is None and text not in MODELS:
+        raise ValueError(f"{name!r} is not a zoo model and returns no example inputs: give one sample's shape "
+                         "(input_shape, --input-shape 3,224,224) or an input spec (inputs_spec, --inputs "
+                         "'input_ids=128:int64:50257')")
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if inputs_spec is not None:
