@@ -235,14 +235,15 @@ SOLVE = ["--min-budget", "--mode", "normal", "--cost", "analytic", "--time-limit
 
 def _solve_and_check(argv, out):
     code, stdout, err = run(["solve", *argv, *SOLVE, "-o", str(out)])
-    assert code == 0, err
+    assert code == 0, err[-4000:]
     solved = last_json(stdout)
-    assert solved["predicted_peak_bytes"] <= solved["budget_bytes"]
+    assert solved["predicted_peak_bytes"] <= solved["budget_bytes"] < solved["eager_peak_bytes"], solved
     code, stdout, err = run(["check", str(out), "--check-diff", "--json"])
-    assert code == 0, err
+    assert code == 0, err[-4000:]
     checked = last_json(stdout)
-    assert checked["grads_bitwise_equal"] is True and checked["grad_rel_error"] == 0.0
-    assert checked["buffers_bitwise_equal"] is True
+    # mode normal only recomputes: bitwise PyTorch's gradients (dropout replays its random state)
+    assert checked["grads_bitwise_equal"] is True and checked["grad_rel_error"] == 0.0, checked
+    assert checked["buffers_bitwise_equal"] is True, checked
     return solved, load_solution(out).meta
 
 
