@@ -36,7 +36,8 @@ forward pass keeps and which the backward pass recomputes, writes that schedule 
 and trains with it through monet.MONeTWrapper.
 
 MODEL is a zoo name (resnet50, vgg16, mobilenet_v2, googlenet, unet, gpt2-small),
-"torchvision.models.resnet50()" or "path/to/file.py:factory" (factory() returns the nn.Module).
+"torchvision.models.resnet50()" or "path/to/file.py:factory" (factory() returns the nn.Module, or
+(model, example_inputs)). --inputs gives a model inputs of any names and dtypes (see solve --help).
 A budget is "6GB" (= 6 x 2^30 bytes, as in MONeT's tables; "6GiB" and "6000MiB" too), a byte count,
 or a percentage of plain PyTorch's simulated peak ("50%").
 """
@@ -353,7 +354,7 @@ def _solution_fields(meta) -> dict:
                 predicted_peak_bytes=meta.predicted_peak_bytes, eager_peak_bytes=meta.eager_peak_bytes,
                 predicted_overhead=overhead, model=meta.model, batch_size=meta.batch_size,
                 input_shape=list(meta.input_shape), dtype=meta.dtype, mode=meta.mode, solver=meta.solver,
-                device=meta.device, cost_source=meta.cost_source,
+                device=meta.device, cost_source=meta.cost_source, inputs=meta.inputs_spec,
                 autocast=meta.autocast[1] if getattr(meta, "autocast", None) else None)
 
 

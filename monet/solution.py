@@ -450,7 +450,8 @@ def describe(sol: Solution) -> str:
     m = sol.meta
     model = m.model or "(unnamed model)"
     amp = f" under {mixed_precision.describe(m.autocast)}" if getattr(m, "autocast", None) else ""
-    lines = [f"monet solution for {model}, batch {m.batch_size}, input {m.input_shape}, {m.dtype}{amp}"]
+    inputs = f", inputs {m.inputs_spec}" if m.inputs_spec else ""
+    lines = [f"monet solution for {model}, batch {m.batch_size}, input {m.input_shape}, {m.dtype}{inputs}{amp}"]
     lines.append(f"budget {m.budget_bytes / GiB:.2f} GiB ({m.budget_bytes} bytes), mode {m.mode}, "
                  f"device {m.device}, costs from {m.cost_source}")
     peak = f"predicted peak {m.predicted_peak_bytes / GiB:.2f} GiB"

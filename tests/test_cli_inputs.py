@@ -251,12 +251,13 @@ def test_gpt2_factory_with_inputs(gpt2_file, tmp_path):
     """build() returns (model, {"input_ids", "labels"}): no --batch-size, no --input-shape."""
     solved, meta = _solve_and_check([f"{gpt2_file}:build"], tmp_path / "s.pkl")
     assert (solved["batch_size"], solved["input_shape"], solved["dtype"]) == (2, [16], "int64")
-    assert meta.inputs_spec is None
+    assert meta.inputs_spec is None and solved["inputs"] is None
 
 
 def test_gpt2_module_factory_with_inputs_spec(gpt2_file, tmp_path):
     """module_only() returns the module; --inputs gives its keyword inputs, and check rebuilds them
     from the spec the solution recorded."""
     spec = "input_ids=16:int64:128,labels=16:int64:128"
-    _, meta = _solve_and_check([f"{gpt2_file}:module_only", "-b", "2", "--inputs", spec], tmp_path / "s.pkl")
+    solved, meta = _solve_and_check([f"{gpt2_file}:module_only", "-b", "2", "--inputs", spec], tmp_path / "s.pkl")
+    assert solved["inputs"] == spec
     assert meta.inputs_spec == spec and (meta.batch_size, meta.input_shape, meta.dtype) == (2, (16,), "int64")
