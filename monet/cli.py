@@ -36,7 +36,8 @@ forward pass keeps and which the backward pass recomputes, writes that schedule 
 and trains with it through monet.MONeTWrapper.
 
 MODEL is a zoo name (resnet50, vgg16, mobilenet_v2, googlenet, unet, gpt2-small),
-"torchvision.models.resnet50()" or "path/to/file.py:factory" (factory() returns the nn.Module).
+"torchvision.models.resnet50()" or "path/to/file.py:factory" (factory() returns the nn.Module, or
+(model, example_inputs)). --inputs gives a model inputs of any names and dtypes (see solve --help).
 A budget is "6GB" (= 6 x 2^30 bytes, as in MONeT's tables; "6GiB" and "6000MiB" too), a byte count,
 or a percentage of plain PyTorch's simulated peak ("50%").
 """
@@ -61,6 +62,15 @@ examples:
 Run "monet COMMAND --help" for a command's options.
 """
 
+_INPUTS_HELP = """\
+the model's inputs instead of one float tensor: comma-separated [NAME=]SHAPE[:DTYPE[:HIGH]], one
+entry per argument (NAME= for a keyword argument, positional entries first), SHAPE one sample's
+sizes without the batch joined by 'x' (3x224x224; empty for a scalar per sample), DTYPE float32
+(default), bfloat16, float16, float64, int64, int32, int16, int8, uint8 or bool, HIGH the exclusive
+upper bound of integer values (default 2). Floats are standard normal, integers uniform in
+[0, HIGH), from a fixed seed. E.g. --inputs "input_ids=16:int64:50257,labels=16:int64:50257"
+"""
+
 _SOLVE_EPILOG = """\
 examples:
   monet solve resnet50 --batch-size 184 --budget 6GB -o resnet50_184.pkl
@@ -69,6 +79,16 @@ examples:
   monet solve my_net.py:build --batch-size 16 --input-shape 3,64,64 --budget 300MiB -o my_net.pkl
   monet solve resnet50 --batch-size 184 --budget 6GB --cost analytic --gpu-spec p100 -o r50_p100.pkl
   monet solve resnet50 --batch-size 32 --input-shape 3,128,128 --budget 50% --autocast bf16 -o r50_bf16.pkl
+  monet solve lm.py:build --batch-size 8 --budget 50% -o lm.pkl \\
+      --inputs "input_ids=128:int64:50257,attention_mask=128:int64:2,labels=128:int64:50257"
+  monet solve lm.py:build_with_inputs --budget 50% -o lm.pkl   # build_with_inputs() -> (model, inputs)
+
+MODEL "path/to/file.py:factory": factory() returns the nn.Module, or (model, example_inputs) with
+example_inputs a tensor, a tuple of positional or a dict of keyword arguments (the first tensor's
+first dimension is the batch; --batch-size may be left out). --inputs gives inputs of any names,
+dtypes and shapes to any MODEL: --inputs "input_ids=128:int64:50257" calls
+model(input_ids=<(B, 128) int64 in [0, 50257)>); --inputs 3x64x64 equals --input-shape 3,64,64.
+A model whose output is not a tensor (ModelOutput, dict) is trained through its "loss".
 
 Progress goes to stderr; a summary of the solution to stdout (with --json, then one JSON line:
 status (optimal, time_limit or heuristic), objective, bound, gap, solve_time_s, budget_bytes,
@@ -216,43 +236,48 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def _input_shape(model_name: str, text: str | None) -> tuple[int, ...]:
-    from monet.zoo.models import MODELS
-
-    shape = _parse_shape(text)
-    if shape is not None:
-        return shape
-    spec = MODELS.get(model_name.strip())
-    text = model_name.strip()
-    if spec is None and not (text.startswith("torchvision.models.") or ".py:" in text):
-        raise CLIError(f"unknown model {model_name!r}: expected a zoo name ({', '.join(MODELS)}), "
-                       "'torchvision.models.<builder>()' or 'path/to/file.py:factory'")
-    if spec is None:
-        raise CLIError(f"{model_name!r} is not a zoo model: pass --input-shape (one sample, without the "
-                       "batch dimension, e.g. --input-shape 3,224,224)")
-    return tuple(spec.input_shape)
-
-
 def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _build(model_name: str, batch_size: int, input_shape: tuple[int, ...], device: str = "cpu",
-           dtype=None):
-    """(model, example input) on ``device``; the weights are the same on every call (seed 0)."""
+def _check_inputs_spec(text: str | None) -> str | None:
+    """The --inputs spec, stripped, after checking its syntax (before any slow step)."""
+    if text is None:
+        return None
+    from monet.inputs import parse_inputs_spec
+
+    try:
+        parse_inputs_spec(text)
+    except ValueError as e:
+        raise CLIError(f"--inputs: {e}") from None
+    return text.strip()
+
+
+def _build(model_name: str, batch_size: int | None, input_shape: tuple[int, ...] | None = None,
+           device: str = "cpu", dtype=None, inputs_spec: str | None = None):
+    """(model, `ExampleInputs`) on ``device``; the weights and inputs are the same on every call
+    (seed 0). The inputs come from ``inputs_spec`` (--inputs), or the factory's own example inputs,
+    or one tensor of ``(batch_size, *input_shape)`` (`monet.zoo.models.get_model_and_inputs`)."""
     import torch
 
-    from monet.zoo.models import example_input, get_model
+    from monet.zoo.models import get_model_and_inputs
 
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise CLIError(f"--batch-size must be positive, got {batch_size}")
     torch.manual_seed(0)
     try:
-        model = get_model(model_name)
-        x = example_input(model_name, batch_size, input_shape, dtype=dtype)
+        model, inputs = get_model_and_inputs(model_name, batch_size, input_shape, inputs_spec, dtype=dtype)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         raise CLIError(f"cannot build model {model_name!r}: {e}") from None
-    return model.to(device), x.to(device)
+    return model.to(device), inputs.to(device)
+
+
+def _input_info(inputs, inputs_spec: str | None) -> dict:
+    """What a solution records of its inputs: batch size, first tensor's sample shape and dtype,
+    the --inputs spec (`monet.solution.SolutionMeta`)."""
+    first = inputs.first
+    return dict(batch_size=inputs.batch_size, input_shape=tuple(first.shape[1:]), dtype=_dtype_name(first.dtype),
+                inputs_spec=inputs_spec)
 
 
 def _resolve_device(text: str | None) -> str:
@@ -329,7 +354,7 @@ def _solution_fields(meta) -> dict:
                 predicted_peak_bytes=meta.predicted_peak_bytes, eager_peak_bytes=meta.eager_peak_bytes,
                 predicted_overhead=overhead, model=meta.model, batch_size=meta.batch_size,
                 input_shape=list(meta.input_shape), dtype=meta.dtype, mode=meta.mode, solver=meta.solver,
-                device=meta.device, cost_source=meta.cost_source,
+                device=meta.device, cost_source=meta.cost_source, inputs=meta.inputs_spec,
                 autocast=meta.autocast[1] if getattr(meta, "autocast", None) else None)
 
 
@@ -354,7 +379,8 @@ def _cmd_solve(args) -> int:
     output = Path(args.output)
     if not output.parent.is_dir():
         raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
-    shape = _input_shape(args.model, args.input_shape)
+    shape = _parse_shape(args.input_shape)
+    spec = _check_inputs_spec(args.inputs)
     budget = None
     if args.budget is not None and not args.budget.strip().endswith("%"):
         budget = _parse_budget(args.budget)  # fail before the slow steps; "50%" needs the peak
@@ -367,8 +393,9 @@ def _cmd_solve(args) -> int:
     on = device if (device == "cpu" or torch.cuda.is_available()) else "cpu"
     amp = _autocast_dtype(args.autocast, device, on)
 
-    with _step(f"building {args.model} (batch {args.batch_size}, input {shape})"):
-        model, x = _build(args.model, args.batch_size, shape, on)
+    with _step(f"building {args.model}") as s:
+        model, x = _build(args.model, args.batch_size, shape, on, inputs_spec=spec)
+        s["note"] = f"inputs {x.describe()}"
     under = f" under {_dtype_name(amp)} autocast" if amp else ""
     with _step(f"capturing the forward and backward graph{under}") as s:
         graph = _capture(model, x, amp)
@@ -383,8 +410,7 @@ def _cmd_solve(args) -> int:
              "budget by the kernels' temporaries; --cost hybrid or --cost profile measure them")
     eager = eager_peak(graph, costs)
     _log(f"plain PyTorch's simulated peak: {_size(eager)} ({eager} bytes)")
-    info = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
-                dtype=_dtype_name(x.dtype), device=device.split(":")[0])
+    info = dict(model=args.model, device=device.split(":")[0], **_input_info(x, spec))
     try:
         if args.min_budget:
             with _step(f"finding the smallest feasible budget ({args.solver}, "
@@ -453,10 +479,12 @@ def _cmd_profile(args) -> int:
     if args.repeats < 1:
         raise CLIError(f"--repeats must be >= 1, got {args.repeats}")
     device = _resolve_device(args.device)
-    shape = _input_shape(args.model, args.input_shape)
+    shape = _parse_shape(args.input_shape)
+    spec = _check_inputs_spec(args.inputs)
     amp = _autocast_dtype(args.autocast, device, device)
-    with _step(f"building {args.model} (batch {args.batch_size}, input {shape}) on {device}"):
-        model, x = _build(args.model, args.batch_size, shape, device)
+    with _step(f"building {args.model} on {device}") as s:
+        model, x = _build(args.model, args.batch_size, shape, device, inputs_spec=spec)
+        s["note"] = f"inputs {x.describe()}"
     under = f" under {_dtype_name(amp)} autocast" if amp else ""
     with _step(f"capturing the forward and backward graph{under}") as s:
         graph = _capture(model, x, amp)
@@ -475,7 +503,7 @@ def _cmd_profile(args) -> int:
     _log(f"wrote {path}")
     fwd = table[table["kind"] == "fwd"]
     bwd = table[table["kind"] == "bwd"]
-    print(f"{args.model}, batch {args.batch_size}, input {shape}, on {device}: "
+    print(f"{args.model}, inputs {x.describe()}, on {device}: "
           f"forward {1e3 * fwd['time_s'].sum():.1f} ms, backward {1e3 * bwd['time_s'].sum():.1f} ms, "
           f"largest workspace {_mib(int(table['workspace_bytes'].max()))}")
     top = table.sort_values("time_s", ascending=False).head(args.top)
@@ -528,9 +556,12 @@ def _cmd_check(args) -> int:
         dtype = getattr(torch, meta.dtype)
     except AttributeError:
         raise CLIError(f"{args.file}: unknown dtype {meta.dtype!r}") from None
-    with _step(f"building {model_name} (batch {meta.batch_size}, input {meta.input_shape}) on {device}"):
-        model, x = _build(model_name, meta.batch_size, meta.input_shape, device, dtype=dtype)
-        g = chk.output_grad(model, x, autocast=amp)
+    spec = meta.inputs_spec  # None: one tensor of input_shape, or the factory's own inputs
+    what = f"inputs {spec}" if spec else f"input {meta.input_shape} {meta.dtype}"
+    with _step(f"building {model_name} (batch {meta.batch_size}, {what}) on {device}"):
+        model, x = _build(model_name, meta.batch_size, None if spec else meta.input_shape, device,
+                          dtype=None if spec else dtype, inputs_spec=spec)
+        g = chk.output_grad(model, x, autocast=amp)  # None: trained through its loss (loss_of)
 
     def wrapped_model():
         return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
@@ -620,11 +651,19 @@ def _cmd_demo(args) -> int:
 
     t_start = time.perf_counter()
     device = _resolve_device(args.device)
-    shape = _parse_shape(args.input_shape) or (DEMO_SHAPE if args.model == DEMO_MODEL
-                                               else _input_shape(args.model, None))
-    with _step(f"building {args.model} (batch {args.batch_size}, input {shape}) on {device}") as s:
-        model, x = _build(args.model, args.batch_size, shape, device)
-        s["note"] = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters"
+    shape = _parse_shape(args.input_shape)
+    spec = _check_inputs_spec(args.inputs)
+    if shape is None and spec is None and args.model == DEMO_MODEL:
+        shape = DEMO_SHAPE
+    batch = args.batch_size
+    if batch is None:  # a file model without --input-shape or --inputs must bring its own inputs (and batch)
+        own = shape is None and spec is None and ".py:" in args.model
+        batch = None if own else DEMO_BATCH
+    with _step(f"building {args.model} on {device}") as s:
+        model, x = _build(args.model, batch, shape, device, inputs_spec=spec)
+        s["note"] = (f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
+                     f"inputs {x.describe()}")
+    shape = tuple(x.first.shape[1:])
     with _step("capturing the forward and backward graph") as s:
         graph = _capture(model, x)
         s["note"] = graph.describe()
@@ -642,8 +681,7 @@ def _cmd_demo(args) -> int:
     kw = dict(time_limit=args.time_limit, info=None, device=device.split(":")[0], cost_fn=cost_fn)
     eager = eager_peak(graph, costs)
     budget = _parse_budget(args.budget, eager)
-    kw["info"] = dict(model=args.model, batch_size=args.batch_size, input_shape=shape,
-                      dtype=_dtype_name(x.dtype), device=device.split(":")[0])
+    kw["info"] = dict(model=args.model, device=device.split(":")[0], **_input_info(x, spec))
     _log(f"plain PyTorch's simulated peak: {_size(eager)}; target budget {args.budget}: {_size(budget)}")
     note = ""
     try:
@@ -682,10 +720,17 @@ def _cmd_demo(args) -> int:
     opt_w = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        out_shape = copy.deepcopy(model).eval()(x).shape
-    n_classes = out_shape[-1] if tokens else out_shape[1]
-    target_shape = out_shape[:-1] if tokens else (out_shape[0], *out_shape[2:])
-    target = torch.randint(0, n_classes, tuple(target_shape), generator=gen).to(device)
+        probe = x.call(copy.deepcopy(model).eval())
+    if isinstance(probe, torch.Tensor):  # a classifier's logits: cross-entropy with a random target
+        out_shape = probe.shape
+        n_classes = out_shape[-1] if tokens else out_shape[1]
+        target_shape = out_shape[:-1] if tokens else (out_shape[0], *out_shape[2:])
+        target = torch.randint(0, n_classes, tuple(target_shape), generator=gen).to(device)
+
+        def loss_fn(out):
+            return _loss(out, target, tokens)
+    else:  # a ModelOutput or dict: its own loss (transformers given labels), see check.loss_of
+        loss_fn = chk.loss_of
     losses_p, losses_w, losses_s, grad_diff, same_diff = [], [], [], 0.0, 0.0
     opt_s = torch.optim.SGD(same.parameters(), lr=0.01, momentum=0.9) if same is not None else None
     runs = [(wrapped, opt_w, losses_w), (plain, opt_p, losses_p)] + ([(same, opt_s, losses_s)] if same else [])
@@ -694,7 +739,7 @@ def _cmd_demo(args) -> int:
             for m, opt, acc in runs:
                 torch.manual_seed(step)
                 opt.zero_grad(set_to_none=True)
-                loss = _loss(m(x), target, tokens)
+                loss = loss_fn(x.call(m))
                 loss.backward()
                 acc.append(loss.detach().clone())
             # by position: the wrapper's parameter names carry a "model." prefix
@@ -719,7 +764,7 @@ def _cmd_demo(args) -> int:
     with _step(f"timing {args.repeats} interleaved iterations of each"):  # both warm by now
         frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats, warmup=0)
 
-    rows = [("model", f"{args.model}, batch {args.batch_size}, input {'x'.join(map(str, shape))}, {device}"),
+    rows = [("model", f"{args.model}, inputs {x.describe()}, {device}"),
             ("plain PyTorch peak (measured)", _mib(peak_p)),
             ("monet peak (measured)", _mib(peak_w)),
             ("budget", _mib(budget) + (" (smallest feasible found)" if note
@@ -894,10 +939,16 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(p):
         p.add_argument("model", metavar="MODEL",
                        help='zoo name, "torchvision.models.resnet50()" or "path/to/file.py:factory"')
-        p.add_argument("--batch-size", "-b", type=int, required=True, help="batch size")
-        p.add_argument("--input-shape", metavar="C,H,W", default=None,
-                       help="one sample's shape without the batch dimension (default: the zoo "
-                            "model's; required for other models)")
+        p.add_argument("--batch-size", "-b", type=int, default=None,
+                       help="batch size (required, except for a factory that returns (model, example_inputs): "
+                            "its batch is then the inputs', and a different --batch-size is an error)")
+        inputs_args(p)
+
+    def inputs_args(p, shape_help="one sample's shape without the batch dimension, one float32 tensor "
+                                  "(default: the zoo model's; other models need it or --inputs)"):
+        shape = p.add_mutually_exclusive_group()
+        shape.add_argument("--input-shape", metavar="C,H,W", default=None, help=shape_help)
+        shape.add_argument("--inputs", metavar="SPEC", default=None, help=_INPUTS_HELP)
 
     # solve
     p = sub.add_parser("solve", help="solve the ILP for a model, batch size and budget",
@@ -987,10 +1038,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Solve, train and measure a default model end to end.",
                        epilog=_DEMO_EPILOG, formatter_class=_Formatter)
     p.add_argument("--model", default=DEMO_MODEL, help="MODEL (see monet --help)")
-    p.add_argument("--batch-size", "-b", type=int, default=DEMO_BATCH, help="batch size")
-    p.add_argument("--input-shape", metavar="C,H,W", default=None,
-                   help=f"one sample's shape (default {','.join(map(str, DEMO_SHAPE))} for "
-                        f"{DEMO_MODEL}, else the zoo model's)")
+    p.add_argument("--batch-size", "-b", type=int, default=None,
+                   help=f"batch size (default {DEMO_BATCH}, or the inputs' of a factory that returns "
+                        "(model, example_inputs))")
+    inputs_args(p, shape_help=f"one sample's shape (default {','.join(map(str, DEMO_SHAPE))} for "
+                              f"{DEMO_MODEL}, else the zoo model's)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available)")
     p.add_argument("--steps", type=int, default=3, help="SGD steps to train")
     p.add_argument("--repeats", type=int, default=3, help="timed iterations of each for the overhead")

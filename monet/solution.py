@@ -136,6 +136,10 @@ class SolutionMeta:
             ``(device_type, dtype)``, e.g. ``("cpu", "bfloat16")`` (`monet.mixed_precision`).  It
             is the last line of ``graph_summary`` (so part of the fingerprint) and is read from
             there when not given; a value that disagrees with the summary is an error.
+        inputs_spec: the input spec the example inputs were made from (`monet.inputs.SPEC_FORMAT`,
+            e.g. ``"input_ids=16:int64:50257,labels=16:int64:50257"``), so that ``monet check`` can
+            rebuild them; None when the inputs were one float tensor of ``input_shape`` or came from
+            the model's factory.  Files written before this field existed load with None.
     """
     model: str
     batch_size: int
@@ -162,6 +166,7 @@ class SolutionMeta:
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     eager_time_s: float | None = None
     autocast: tuple[str, str] | None = None
+    inputs_spec: str | None = None  # a class attribute too: old pickles without the field read None
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -179,6 +184,7 @@ class SolutionMeta:
                      "monet_version", "fingerprint", "created"):
             setattr(self, name, str(getattr(self, name)))
         self.graph_summary = [str(line) for line in self.graph_summary]
+        self.inputs_spec = None if self.inputs_spec is None else str(self.inputs_spec)
         recorded = mixed_precision.from_summary(self.graph_summary)
         if self.autocast is not None and mixed_precision.normalize(self.autocast) != recorded:
             raise ValueError(f"autocast {self.autocast!r} disagrees with the graph, which was captured with "
@@ -444,7 +450,8 @@ def describe(sol: Solution) -> str:
     m = sol.meta
     model = m.model or "(unnamed model)"
     amp = f" under {mixed_precision.describe(m.autocast)}" if getattr(m, "autocast", None) else ""
-    lines = [f"monet solution for {model}, batch {m.batch_size}, input {m.input_shape}, {m.dtype}{amp}"]
+    inputs = f", inputs {m.inputs_spec}" if m.inputs_spec else ""
+    lines = [f"monet solution for {model}, batch {m.batch_size}, input {m.input_shape}, {m.dtype}{inputs}{amp}"]
     lines.append(f"budget {m.budget_bytes / GiB:.2f} GiB ({m.budget_bytes} bytes), mode {m.mode}, "
                  f"device {m.device}, costs from {m.cost_source}")
     peak = f"predicted peak {m.predicted_peak_bytes / GiB:.2f} GiB"

@@ -1,7 +1,10 @@
 """Checks of a schedule against plain PyTorch: gradients, measured peak memory and overhead.
 
 One training iteration, as DESIGN.md ("Measuring") defines it: parameter gradients set to None,
-``y = model(x); y.backward(g)`` with ``g`` allocated beforehand, no optimizer step.  Peak memory is
+``y = model(x); y.backward(g)`` with ``g`` allocated beforehand, no optimizer step.  ``x`` may be
+any inputs `monet.inputs.ExampleInputs.of` takes (keyword arguments of a language model ...); a
+model whose output is not a tensor (a ``ModelOutput`` or dict with a ``loss``) has ``g = None``
+(`output_grad`) and is trained through ``loss_of(y).backward()``.  Peak memory is
 measured at the allocator (`monet.profiling.memory.measure_peak`) and includes parameters,
 buffers, the input and ``g``.  Overhead is the median iteration time of the schedule divided by the
 median of plain PyTorch, measured in one process, interleaved, after warm-up, minus 1.
@@ -44,51 +47,87 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _forward(model: nn.Module, x: torch.Tensor, autocast=None) -> torch.Tensor:
+def _inputs(x):
+    """`ExampleInputs` of ``x`` (a tensor, a tuple of positional arguments, a dict of keyword
+    arguments or an `ExampleInputs`), and the device of its first tensor."""
+    from monet.inputs import ExampleInputs
+
+    inputs = ExampleInputs.of(x)
+    return inputs, inputs.first.device
+
+
+def _forward(model: nn.Module, x, autocast=None):
     with mixed_precision.context(autocast):
-        return model(x)
+        return _inputs(x)[0].call(model)
 
 
-def _iteration(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None):
+def _backward(output, g: torch.Tensor | None) -> None:
+    """``output.backward(g)``; with ``g`` None, ``loss_of(output).backward()``."""
+    if g is None:
+        loss_of(output).backward()
+    else:
+        output.backward(g)
+
+
+def _iteration(model: nn.Module, x, g: torch.Tensor | None, autocast=None):
     for p in model.parameters():
         p.grad = None
-    _forward(model, x, autocast).backward(g)
+    _backward(_forward(model, x, autocast), g)
 
 
-def output_grad(model: nn.Module, x: torch.Tensor, seed: int = 0, autocast=None) -> torch.Tensor:
+def output_grad(model: nn.Module, x, seed: int = 0, autocast=None) -> torch.Tensor | None:
     """A fixed random gradient for the model's output, shaped like it (a stand-in for a loss); of
-    the output's dtype under ``autocast`` (bf16 for a bf16 autocast model)."""
+    the output's dtype under ``autocast`` (bf16 for a bf16 autocast model).
+
+    ``x``: one input tensor, or any inputs `monet.inputs.ExampleInputs.of` takes.  A model whose
+    output is not a tensor (a ``ModelOutput`` or a dict) gets None: the iteration helpers here then
+    train it through `loss_of` (its ``loss``, e.g. a transformers model given ``labels``).
+    """
+    inputs, device = _inputs(x)
     with torch.no_grad():
-        shape_probe = _forward(copy.deepcopy(model).eval(), x, autocast)
+        shape_probe = _forward(copy.deepcopy(model).eval(), inputs, autocast)
+    if not isinstance(shape_probe, torch.Tensor):
+        return None
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randn(shape_probe.shape, generator=gen, dtype=shape_probe.dtype).to(x.device)
+    return torch.randn(shape_probe.shape, generator=gen, dtype=shape_probe.dtype).to(device)
 
 
-def measure_iteration_memory(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None) -> PeakMemory:
+def _iteration_memory(model: nn.Module, inputs, step, *allocated) -> PeakMemory:
+    """Memory of ``step()`` after one warm-up ``step()``, parameter gradients None before each;
+    the baseline (bytes live before the step) is the model, the input tensors and ``allocated``."""
+    inputs, device = _inputs(inputs)
+    for p in model.parameters():
+        p.grad = None
+    step()  # warm-up: AOTAutograd (the wrapper) exports and traces on its first call
+    for p in model.parameters():
+        p.grad = None
+    baseline = live_tensor_bytes(model, inputs.tensors(), *allocated, device=device)
+    return measure_peak(step, device, baseline_bytes=baseline)
+
+
+def measure_iteration_memory(model: nn.Module, x, g: torch.Tensor | None, autocast=None) -> PeakMemory:
     """Memory of one iteration after one warm-up iteration (parameter gradients None at start):
     `PeakMemory` with the allocated peak in bytes and, on CUDA, ``max_memory_reserved`` in bytes
-    (the caching allocator's segments: the allocated peak plus fragmentation and cached blocks)."""
-    _iteration(model, x, g, autocast)  # warm-up: AOTAutograd traces on the first call
-    for p in model.parameters():
-        p.grad = None
-    baseline = live_tensor_bytes(model, x, g, device=x.device)
+    (the caching allocator's segments: the allocated peak plus fragmentation and cached blocks).
 
-    def step():
-        _forward(model, x, autocast).backward(g)
-
-    return measure_peak(step, x.device, baseline_bytes=baseline)
+    ``x`` as `output_grad` takes it; ``g`` from `output_grad` (None: train through `loss_of`).
+    The baseline includes the model, the inputs and ``g``.
+    """
+    inputs, _ = _inputs(x)
+    return _iteration_memory(model, inputs, lambda: _backward(_forward(model, inputs, autocast), g),
+                             *([] if g is None else [g]))
 
 
-def measure_iteration_peak(model: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast=None) -> int:
-    """Peak bytes of one iteration after one warm-up iteration (parameter gradients None at start)."""
+def measure_iteration_peak(model: nn.Module, x, g: torch.Tensor | None, autocast=None) -> int:
+    """Peak bytes of one iteration (`measure_iteration_memory`'s allocated peak)."""
     return measure_iteration_memory(model, x, g, autocast).peak_bytes
 
 
-def grads_and_buffers(model: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0, autocast=None):
+def grads_and_buffers(model: nn.Module, x, g: torch.Tensor | None, seed: int = 0, autocast=None):
     """Gradients and buffers after one iteration from the RNG state ``seed``, keyed by position.
 
     Positions (the order of ``parameters()`` / ``buffers()``), not names: a wrapper prefixes the
-    names of the model it wraps.
+    names of the model it wraps.  ``x`` and ``g`` as `measure_iteration_peak` takes them.
     """
     torch.manual_seed(seed)
     _iteration(model, x, g, autocast)
@@ -130,11 +169,12 @@ def grad_rel_error(a: dict, b: dict) -> float:
     return (num ** 0.5) / max(den ** 0.5, 1e-300)
 
 
-def compare_gradients(make_plain, make_wrapped, x: torch.Tensor, g: torch.Tensor, seed: int = 0, autocast=None):
+def compare_gradients(make_plain, make_wrapped, x, g: torch.Tensor | None, seed: int = 0, autocast=None):
     """Run one iteration of each from identical weights and RNG; return (`grad_rel_error`, grads
     bitwise equal, buffers bitwise equal).
 
-    ``make_plain()`` and ``make_wrapped()`` build the two models from the same weights.
+    ``make_plain()`` and ``make_wrapped()`` build the two models from the same weights; ``x`` and
+    ``g`` as `measure_iteration_peak` takes them.
     """
     ga, ba = grads_and_buffers(make_wrapped(), x, g, seed, autocast)
     gb, bb = grads_and_buffers(make_plain(), x, g, seed, autocast)
@@ -143,19 +183,21 @@ def compare_gradients(make_plain, make_wrapped, x: torch.Tensor, g: torch.Tensor
     return grad_rel_error(ga, gb), equal, bequal
 
 
-def overhead(plain: nn.Module, wrapped: nn.Module, x: torch.Tensor, g: torch.Tensor, repeats: int = 5,
+def overhead(plain: nn.Module, wrapped: nn.Module, x, g: torch.Tensor | None, repeats: int = 5,
              warmup: int = 1, autocast=None) -> tuple[float, float, float]:
-    """(overhead fraction, median schedule time s, median plain time s), interleaved in one process."""
+    """(overhead fraction, median schedule time s, median plain time s), interleaved in one process;
+    ``x`` and ``g`` as `measure_iteration_peak` takes them."""
+    x, device = _inputs(x)
     for _ in range(warmup):
         _iteration(wrapped, x, g, autocast)
         _iteration(plain, x, g, autocast)
     tw, tp = [], []
     for _ in range(repeats):
         for m, acc in ((wrapped, tw), (plain, tp)):
-            _sync(x.device)
+            _sync(device)
             t0 = time.perf_counter()
             _iteration(m, x, g, autocast)
-            _sync(x.device)
+            _sync(device)
             acc.append(time.perf_counter() - t0)
     mw, mp = statistics.median(tw), statistics.median(tp)
     return mw / mp - 1.0, mw, mp
@@ -191,31 +233,20 @@ def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:
     """Peak bytes of one training iteration ``loss_fn(model(*inputs)).backward()`` after one
     warm-up iteration, parameter gradients None at the start (DESIGN.md, "Measuring"); ``inputs``
     as `monet.inputs.ExampleInputs.of` takes them."""
-    from monet.inputs import ExampleInputs
-
-    inputs = ExampleInputs.of(inputs)
-    device = inputs.first.device
+    inputs, _ = _inputs(inputs)
 
     def step():
         out = inputs.call(model)  # held during the backward pass, as a training loop holds it
         loss_fn(out).backward()
 
-    for p in model.parameters():
-        p.grad = None
-    step()  # warm-up: the wrapper exports and traces on its first call
-    for p in model.parameters():
-        p.grad = None
-    baseline = live_tensor_bytes(model, inputs.tensors(), device=device)
-    return measure_peak(step, device, baseline_bytes=baseline).peak_bytes
+    return _iteration_memory(model, inputs, step).peak_bytes
 
 
 def train_losses(model: nn.Module, inputs, steps: int = 3, lr: float = 1e-2, seed: int = 0,
                  loss_fn=loss_of) -> tuple[list[torch.Tensor], dict]:
     """Losses of ``steps`` SGD steps (momentum 0.9) from the RNG state ``seed``, and the first
     step's gradients keyed by position (the order of ``parameters()``)."""
-    from monet.inputs import ExampleInputs
-
-    inputs = ExampleInputs.of(inputs)
+    inputs, _ = _inputs(inputs)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses, first = [], {}
     for step in range(steps):

@@ -86,7 +86,7 @@ def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, 
                         status=status, solver=solver, torch_version=torch.__version__,
                         monet_version=monet.__version__, fingerprint=graph.fingerprint,
                         graph_summary=graph.summary, n_fwd=len(graph.fwd), n_bwd=len(graph.bwd),
-                        eager_time_s=eager_time)
+                        eager_time_s=eager_time, inputs_spec=info.get("inputs_spec"))
     return Solution(schedule=schedule, S=np.asarray(S, dtype=bool), R=np.asarray(R, dtype=bool), meta=meta)
 
 

@@ -7,9 +7,14 @@ A MODEL string, as the command line and ``get_model`` accept it, is one of
 * MONeT's form ``"torchvision.models.<builder>(<keyword>=<literal>, ...)"``, for example
   ``"torchvision.models.resnet50()"``. It is parsed, never evaluated: only keyword arguments whose
   values are Python literals are allowed. torchvision is imported only for this form;
-* ``"path/to/file.py:factory"``: the file is loaded as a module and ``factory()`` is called.
+* ``"path/to/file.py:factory"``: the file is loaded as a module and ``factory()`` is called; it
+  returns the ``nn.Module``, or ``(model, example_inputs)`` with example inputs as
+  `monet.inputs.ExampleInputs.of` takes them (a tensor, a tuple of positional arguments or a dict
+  of keyword arguments; the first tensor's first dimension is the batch).
 
-``example_input`` makes a deterministic input batch for any of them.
+``example_input`` makes a deterministic input batch for any of them; ``get_model_and_inputs``
+builds a model with its example inputs for every form (an input spec, `monet.inputs.SPEC_FORMAT`,
+gives inputs of any dtypes and names).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from .resnet import resnet50
 from .unet import unet
 from .vgg import vgg16
 
-__all__ = ["ModelSpec", "MODELS", "get_model", "example_input"]
+__all__ = ["ModelSpec", "MODELS", "get_model", "get_model_and_inputs", "example_input"]
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,8 @@ def _torchvision_model(builder: str, kwargs: dict[str, Any]) -> nn.Module:
     return factory(**kwargs)
 
 
-def _file_model(path_text: str, factory_name: str, kwargs: dict[str, Any]) -> nn.Module:
-    """Load ``path_text`` as a module and call its ``factory_name(**kwargs)``."""
+def _file_factory(path_text: str, factory_name: str, kwargs: dict[str, Any]):
+    """Load ``path_text`` as a module and return what its ``factory_name(**kwargs)`` returns."""
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
@@ -151,10 +156,34 @@ def _file_model(path_text: str, factory_name: str, kwargs: dict[str, Any]) -> nn
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ValueError(f"{path} defines no callable {factory_name!r}")
-    model = factory(**kwargs)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"{path_text}:{factory_name}() returned {type(model).__name__}, "
-                        "not a torch.nn.Module")
+    return factory(**kwargs)
+
+
+def _split_factory_result(result, where: str):
+    """``(model, example_inputs or None)`` from what a file factory returned.
+
+    Raises:
+        TypeError: neither an ``nn.Module`` nor a pair ``(nn.Module, example inputs)``.
+    """
+    if isinstance(result, nn.Module):
+        return result, None
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
+        from monet.inputs import ExampleInputs
+
+        try:
+            return result[0], ExampleInputs.of(result[1])
+        except TypeError as e:
+            raise TypeError(f"{where} returned (model, example_inputs) with unusable example inputs: {e}") from None
+    raise TypeError(f"{where} returned {type(result).__name__}, not a torch.nn.Module or a pair "
+                    "(model, example_inputs)")
+
+
+def _file_model(path_text: str, factory_name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``factory_name(**kwargs)`` of the file ``path_text``, which must return an ``nn.Module``."""
+    where = f"{path_text}:{factory_name}()"
+    model, inputs = _split_factory_result(_file_factory(path_text, factory_name, kwargs), where)
+    if inputs is not None:
+        raise TypeError(f"{where} returned (model, example_inputs): use get_model_and_inputs")
     return model
 
 
@@ -184,6 +213,76 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
         f"unknown model {name!r}: expected a zoo name ({_zoo_names()}), "
         "'torchvision.models.<builder>()' or 'path/to/file.py:factory'"
     )
+
+
+def get_model_and_inputs(name: str, batch_size: int | None = None, input_shape: tuple[int, ...] | None = None,
+                         inputs_spec: str | None = None, *, dtype: torch.dtype | None = None, seed: int = 0,
+                         device: torch.device | str | None = None, **kwargs: Any):
+    """``(model, ExampleInputs)`` for any MODEL string (see the module docstring).
+
+    The inputs come from, in this order:
+
+    * ``inputs_spec`` (`monet.inputs.SPEC_FORMAT`, e.g. ``"input_ids=16:int64:50257"``), any MODEL;
+    * a file factory that returns ``(model, example_inputs)``: its inputs, as they are. Their
+      batch is the factory's: ``batch_size``, when given, must equal it (the inputs are never
+      re-batched: repeating or slicing a batch could make it inconsistent, e.g. labels or masks
+      that belong to other rows); ``input_shape`` and ``dtype``, when given, must be those of the
+      first tensor, and ``inputs_spec`` must not be given;
+    * otherwise one tensor from `example_input` (``input_shape`` defaults to a zoo model's; other
+      models need it or ``inputs_spec``), of shape ``(batch_size, *input_shape)``.
+
+    ``batch_size`` (>= 1) is required except for a factory that returns its own inputs.  Keyword
+    arguments go to the factory, as in `get_model`.  The model is built as it comes; call
+    ``torch.manual_seed`` first for the same weights on every call.
+
+    Raises:
+        ValueError: an unknown or malformed MODEL string, a malformed ``inputs_spec``, a missing or
+            non-positive batch size, a missing input shape, a batch size or input option that
+            contradicts a factory's own example inputs.
+        TypeError: a file factory that returns something else than a module or (module, inputs).
+        ImportError, FileNotFoundError: as `get_model`.
+    """
+    from monet.inputs import inputs_from_spec
+
+    text = name.strip()
+    path_text, sep, factory_name = text.rpartition(":")
+    if text not in MODELS and not _TORCHVISION_FORM.match(text) and sep and path_text.endswith(".py"):
+        where = f"{path_text}:{factory_name}()"
+        model, inputs = _split_factory_result(_file_factory(path_text, factory_name, kwargs), where)
+    else:
+        model, inputs = get_model(text, **kwargs), None
+    if inputs is not None:
+        first = inputs.first
+        if inputs_spec is not None:
+            raise ValueError(f"{where} returns its own example inputs ({inputs.describe()}): "
+                             "do not give an input spec (--inputs) as well")
+        if input_shape is not None and tuple(input_shape) != tuple(first.shape[1:]):
+            raise ValueError(f"{where} returns example inputs whose first tensor has samples of shape "
+                             f"{tuple(first.shape[1:])}, not {tuple(input_shape)} ({inputs.describe()}): "
+                             "leave the input shape (--input-shape) out")
+        if batch_size is not None and int(batch_size) != inputs.batch_size:
+            raise ValueError(f"{where} returns example inputs of batch {inputs.batch_size} "
+                             f"({inputs.describe()}), not {int(batch_size)}: leave the batch size "
+                             f"(--batch-size) out, or make the factory build a batch of {int(batch_size)}")
+        if dtype is not None and dtype != first.dtype:
+            raise ValueError(f"{where} returns example inputs whose first tensor is "
+                             f"{str(first.dtype).removeprefix('torch.')}, not {str(dtype).removeprefix('torch.')}")
+        return model, (inputs if device is None else inputs.to(device))
+    if batch_size is None:
+        raise ValueError(f"{name!r} needs a batch size (batch_size, --batch-size): only a factory that "
+                         "returns (model, example_inputs) fixes its own")
+    if inputs_spec is None and input_shape is None and text not in MODELS:
+        raise ValueError(f"{name!r} is not a zoo model and returns no example inputs: give one sample's shape "
+                         "(input_shape, --input-shape 3,224,224) or an input spec (inputs_spec, --inputs "
+                         "'input_ids=128:int64:50257')")
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if inputs_spec is not None:
+        return model, inputs_from_spec(inputs_spec, int(batch_size), seed=seed, device=device)
+    x = example_input(text, int(batch_size), input_shape, dtype, seed=seed, device=device)
+    from monet.inputs import ExampleInputs
+
+    return model, ExampleInputs.of(x)
 
 
 def example_input(
