@@ -13,7 +13,6 @@ own dropout masks, so neither could match one process on the whole batch.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import time
 
@@ -23,6 +22,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+from one_process import assert_matches_one_process
 
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
@@ -143,22 +144,7 @@ def test_two_gloo_ranks_match_one_process_on_the_whole_batch(setup, tmp_path):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
     # one process, plain PyTorch, the whole batch, the mean loss over it
-    plain = copy.deepcopy(model)
-    opt = torch.optim.SGD(plain.parameters(), lr=LR)
-    for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(plain(x), y)
-        loss.backward()
-        mean_of_halves = torch.stack([r["losses"][step] for r in ranks]).mean()
-        torch.testing.assert_close(mean_of_halves, loss.detach(), rtol=1e-5, atol=1e-6)
-        for r in ranks:
-            for (name, p), g in zip(plain.named_parameters(), r["grads"][step]):
-                torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m, s=step, n=name: f"step {s} {n}: {m}")
-        opt.step()
-    for r in ranks:
-        for (name, p), q in zip(plain.named_parameters(), r["params"]):
-            torch.testing.assert_close(q, p.detach(), rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    assert_matches_one_process(model, x, y, ranks, STEPS, LR)
     # DDP's allreduce hands every rank the same gradients
     for g0, g1 in zip(ranks[0]["grads"][-1], ranks[1]["grads"][-1]):
         assert torch.equal(g0, g1)

@@ -18,7 +18,6 @@ every block's input requires a gradient (each block runs the graph its solution 
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
@@ -27,6 +26,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+from one_process import assert_matches_one_process
 
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
@@ -183,22 +184,8 @@ def test_per_block_wrappers_under_fully_shard_match_one_process_on_the_whole_bat
     model, x, y, sol, results = ranks
     assert sol.meta.batch_size == BATCH // WORLD
     assert sol.schedule.recompute_count() > 0, "the budget must force recomputation"
-    plain = copy.deepcopy(model)
-    opt = torch.optim.SGD(plain.parameters(), lr=LR)
-    for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(plain(x), y)
-        loss.backward()
-        mean_of_halves = torch.stack([r["losses"][step] for r in results]).mean()
-        torch.testing.assert_close(mean_of_halves, loss.detach(), rtol=1e-5, atol=1e-6)
-        for r in results:
-            for (name, p), g in zip(plain.named_parameters(), r["grads"][step]):
-                torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m, s=step, n=name: f"step {s} {n}: {m}")
-        opt.step()
+    assert_matches_one_process(model, x, y, results, STEPS, LR)
     for r in results:
-        for (name, p), q in zip(plain.named_parameters(), r["params"]):
-            torch.testing.assert_close(q, p.detach(), rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
         # the parameters were sharded (DTensor), and each block ran its schedule: its output came from
         # AOTAutograd's runtime, whose backward module holds the schedule's recomputations
         assert set(r["sharded"]) == {"DTensor"}
