@@ -183,23 +183,30 @@ def compare_gradients(make_plain, make_wrapped, x, g: torch.Tensor | None, seed:
     return grad_rel_error(ga, gb), equal, bequal
 
 
+def interleaved_medians(iterate_a, iterate_b, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, float]:
+    """Median seconds of ``iterate_a()`` and of ``iterate_b()``, each called ``warmup`` times and then
+    ``repeats`` times alternately (a, b, a, b ...) in this process (DESIGN.md, "Measuring")."""
+    for _ in range(warmup):
+        iterate_a()
+        iterate_b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        for it, acc in ((iterate_a, ta), (iterate_b, tb)):
+            _sync(device)
+            t0 = time.perf_counter()
+            it()
+            _sync(device)
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def overhead(plain: nn.Module, wrapped: nn.Module, x, g: torch.Tensor | None, repeats: int = 5,
              warmup: int = 1, autocast=None) -> tuple[float, float, float]:
     """(overhead fraction, median schedule time s, median plain time s), interleaved in one process;
     ``x`` and ``g`` as `measure_iteration_peak` takes them."""
     x, device = _inputs(x)
-    for _ in range(warmup):
-        _iteration(wrapped, x, g, autocast)
-        _iteration(plain, x, g, autocast)
-    tw, tp = [], []
-    for _ in range(repeats):
-        for m, acc in ((wrapped, tw), (plain, tp)):
-            _sync(device)
-            t0 = time.perf_counter()
-            _iteration(m, x, g, autocast)
-            _sync(device)
-            acc.append(time.perf_counter() - t0)
-    mw, mp = statistics.median(tw), statistics.median(tp)
+    mw, mp = interleaved_medians(lambda: _iteration(wrapped, x, g, autocast), lambda: _iteration(plain, x, g, autocast),
+                                 repeats, warmup, device)
     return mw / mp - 1.0, mw, mp
 
 
@@ -227,6 +234,27 @@ def loss_of(output) -> torch.Tensor:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
             return t.float().square().mean()
     raise TypeError(f"no loss in the model's output ({type(output).__name__}): nothing to call backward on")
+
+
+def training_step(model: nn.Module, inputs, loss_fn=loss_of) -> None:
+    """One iteration: parameter gradients set to None, ``loss_fn(model(*inputs)).backward()``, no
+    optimizer step; ``inputs`` an `monet.inputs.ExampleInputs`."""
+    for p in model.parameters():
+        p.grad = None
+    loss_fn(inputs.call(model)).backward()
+
+
+def step_overhead(plain: nn.Module, candidate: nn.Module, inputs, repeats: int = 5, warmup: int = 1,
+                  loss_fn=loss_of) -> tuple[float, float, float]:
+    """`overhead` for a model called with any inputs (``inputs`` as `monet.inputs.ExampleInputs.of`
+    takes them) and trained from ``loss_fn`` of its output: (overhead fraction, median candidate
+    time s, median plain time s), interleaved medians of `training_step` in one process."""
+    from monet.inputs import ExampleInputs
+
+    inputs = ExampleInputs.of(inputs)
+    mc, mp = interleaved_medians(lambda: training_step(candidate, inputs, loss_fn),
+                                 lambda: training_step(plain, inputs, loss_fn), repeats, warmup, inputs.first.device)
+    return mc / mp - 1.0, mc, mp
 
 
 def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:

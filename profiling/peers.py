@@ -57,10 +57,23 @@ buffer of the model before the recomputation and writes it back afterwards, so t
 statistics equal plain PyTorch's exactly; the extra memory is one copy of the BatchNorm buffers
 (kilobytes).  ``restore_bn_stats=False`` is plain ``torch.utils.checkpoint`` behaviour.
 Random ops (dropout) are replayed exactly (``preserve_rng_state=True``).
+
+Library models (torchvision, timm, transformers)
+------------------------------------------------
+`checkpoint_blocks` patches a model in place, found by attribute names rather than by class: a
+sequence of one-tensor units (an ``nn.Sequential`` named ``features``, ``blocks``, ``stages`` or
+``layers``, or the children of consecutive ``layer1``, ``layer2``... / ``stage2``, ``stage3``...
+Sequentials) is cut into round(sqrt(n)) segments as above; a list of transformer blocks called with
+keyword arguments (the first ``nn.ModuleList`` named ``h``, ``layer``, ``layers`` or ``blocks``:
+``transformer.h``, ``model.layers``, ``bert.encoder.layer``, ``vit.layers``...) cannot be grouped from outside the model's own
+loop, so each block is checkpointed on its own (segments of one block, as transformers'
+``gradient_checkpointing_enable`` does).  BatchNorm statistics are not restored there (plain
+``torch.utils.checkpoint``).
 """
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -69,7 +82,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 __all__ = ["SEGMENTATIONS", "sequential_units", "ChenCheckpointed", "chen_sqrt_checkpoint",
-           "CompiledWithBudget", "compile_with_activation_budget"]
+           "checkpoint_blocks", "CompiledWithBudget", "compile_with_activation_budget"]
 
 Unit = Callable[[torch.Tensor], torch.Tensor]
 
@@ -274,6 +287,72 @@ def chen_sqrt_checkpoint(model: nn.Module, segments: int | None = None,
 
 
 # ----------------------------------------------------------------------------------------------
+# library models: sequences and block lists found by name
+# ----------------------------------------------------------------------------------------------
+
+SEQUENCES = ("features", "blocks", "stages", "layers")
+STAGE_PREFIXES = ("layer", "stage")
+BLOCK_LISTS = ("h", "layer", "layers", "blocks")
+
+
+def _unit_chain(model: nn.Module) -> tuple[list[nn.Module], str] | None:
+    """The model's one-tensor units called one after the other, and where they were found."""
+    for name in SEQUENCES:
+        seq = getattr(model, name, None)
+        if isinstance(seq, nn.Sequential) and len(seq) > 1:
+            return list(seq), f"`{name}`"
+    for prefix in STAGE_PREFIXES:
+        stages = sorted((int(n[len(prefix):]), n, c) for n, c in model.named_children()
+                        if n.startswith(prefix) and n[len(prefix):].isdigit() and isinstance(c, nn.Sequential))
+        if len(stages) > 1:
+            return [u for _, _, s in stages for u in s], f"`{stages[0][1]}`..`{stages[-1][1]}`"
+    return None
+
+
+def _block_list(model: nn.Module) -> tuple[nn.ModuleList, str] | None:
+    for path, blocks in model.named_modules():
+        if isinstance(blocks, nn.ModuleList) and len(blocks) and path.rsplit(".", 1)[-1] in BLOCK_LISTS:
+            return blocks, f"`{path}`"
+    return None
+
+
+def _checkpointed_call(fn, *args, **kwargs):
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+
+def _identity(x):
+    return x
+
+
+def checkpoint_blocks(model: nn.Module, segments: int | None = None) -> str:
+    """Chen's checkpointing on a torchvision, timm or transformers model, patched in place (the
+    module docstring says which sequences are found); returns what was checkpointed, in words.
+
+    Raises:
+        ValueError: no sequence of units and no list of blocks found (the message names where it looked).
+    """
+    chain = _unit_chain(model)
+    if chain is not None:
+        units, where = chain
+        n = len(units)
+        segments = max(1, min(n, segments or round(math.sqrt(n))))
+        size, forwards = n // segments, [u.forward for u in units]
+        for start in range(0, size * (segments - 1), size):  # the cut of checkpoint_sequential
+            units[start].forward = partial(_checkpointed_call, _segment(forwards[start:start + size]))
+            for u in units[start + 1:start + size]:
+                u.forward = _identity
+        return f"{n} units of {where} in {segments} segments"
+    found = _block_list(model)
+    if found is not None:
+        blocks, where = found
+        for b in blocks:
+            b.forward = partial(_checkpointed_call, b.forward)
+        return f"each of the {len(blocks)} blocks of {where} (a block list: no sqrt(n) grouping)"
+    raise ValueError(f"no sequence of units ({', '.join(SEQUENCES)}, {'N/'.join(STAGE_PREFIXES)}N) "
+                     f"and no nn.ModuleList named {', '.join(BLOCK_LISTS)} in {type(model).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
 # torch.compile with activation_memory_budget
 # ----------------------------------------------------------------------------------------------
 
@@ -297,9 +376,9 @@ class CompiledWithBudget(nn.Module):
         self.model = model
         self.compiled = torch.compile(model, backend="aot_eager_decomp_partition")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args, **kwargs):
         with torch._functorch.config.patch(activation_memory_budget=self.budget):
-            return self.compiled(x)
+            return self.compiled(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"activation_memory_budget={self.budget}"

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from monet.profiling.check import output_grad, max_rel_diff, measure_iteration_peak
-from monet.profiling.peers import (chen_sqrt_checkpoint, compile_with_activation_budget, sequential_units)
+from monet.profiling.peers import (checkpoint_blocks, chen_sqrt_checkpoint, compile_with_activation_budget,
+                                   sequential_units)
 from monet.zoo.models import example_input, get_model
 
 
@@ -158,3 +159,64 @@ def test_unknown_model_has_no_segmentation():
 
     with pytest.raises(ValueError, match="no sequential segmentation"):
         chen_sqrt_checkpoint(Two())
+
+
+class _Stack(nn.Module):
+    """A library-shaped model: a ``features`` sequence (or a ``layers`` block list called with a
+    keyword argument, as transformers' decoder layers are), then a head."""
+
+    def __init__(self, block_list: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        blocks = [nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(9)]
+        self.block_list = block_list
+        if block_list:
+            self.layers = nn.ModuleList(_Scaled(b) for b in blocks)
+        else:
+            self.features = nn.Sequential(*blocks)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        if self.block_list:
+            for layer in self.layers:
+                x = layer(x, scale=0.5)
+        else:
+            x = self.features(x)
+        return self.head(x)
+
+
+class _Scaled(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, *, scale):
+        return scale * self.inner(x)
+
+
+@pytest.mark.parametrize("block_list, says", [(False, "9 units of `features` in 3 segments"),
+                                              (True, "each of the 9 blocks of `layers`")])
+def test_checkpoint_blocks_gradients_equal_plain(block_list, says):
+    plain = _Stack(block_list)
+    ckpt = copy.deepcopy(plain)
+    assert checkpoint_blocks(ckpt).startswith(says)
+    x = torch.randn(4, 16)
+    saved = []
+    for m in (plain, ckpt):
+        count = [0]
+
+        def pack(t, count=count):
+            count[0] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = m(x)
+        saved.append(count[0])
+        y.square().sum().backward()
+    assert saved[1] < saved[0]  # the checkpointed forward keeps fewer tensors
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), ckpt.parameters()))
+
+
+def test_checkpoint_blocks_names_where_it_looked():
+    with pytest.raises(ValueError, match="no sequence of units"):
+        checkpoint_blocks(nn.Linear(2, 2))

@@ -1,0 +1,344 @@
+"""Issue 16's table: the reach suite's real models (tests/reach_models.py) against the peers, on CPU.
+
+    python benchmarks/reach_table.py [--models a,b] [--time-limit 20] [--out BENCHMARKS.md]
+
+For each tiny torchvision, timm and transformers model of ``tests/reach_models.py`` (a classifier is
+trained with ``F.cross_entropy`` through `monet.optimize.WithLoss`; a transformers model given
+``labels`` computes its own loss):
+
+1. `monet.optimize.prepare` once (hybrid costs); plain PyTorch's measured peak
+   (`monet.profiling.check.step_peak`) and simulated peak (what "50 %" is half of);
+2. the smallest feasible budget in normal and full mode (`monet.solver.solve.min_budget`,
+   ``--time-limit`` seconds each), as a fraction of the simulated plain peak;
+3. MONeT's schedule in normal and full mode at 50 % of the simulated plain peak, or at the mode's
+   smallest feasible budget when that is higher (the row says so): measured peak, overhead
+   (interleaved medians against plain PyTorch, `monet.profiling.check.step_overhead`) and the
+   solver's predicted overhead;
+4. the peers: Chen's checkpointing (`monet.profiling.peers.checkpoint_blocks`: sqrt(n) segments of
+   a sequence of units, or each block of a transformer's block list; "n/a" with the reason where
+   neither is found) and ``torch.compile``'s ``activation_memory_budget``
+   (`monet.profiling.peers.compile_with_activation_budget`): the budget among `COMPILE_BUDGETS`
+   whose measured peak is closest to MONeT normal's is timed;
+5. the section `SECTION` of ``--out`` is replaced (or appended), the rest of the file kept, after
+   every model, so an interrupted run keeps its rows.  An error is the model's row, not a crash.
+
+Progress goes to stderr.  Memory is MiB (2^20 bytes); overhead is median time / median plain time - 1.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as _dt
+import gc
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from monet.profiling import bench  # noqa: E402  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
+from monet.profiling.bench import MiB, _err, _pct, machine, md_table, timed_repeats  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+FULL_MODE = "inplace_conv_multiway_newnode"
+FRACTION = 0.5
+COMPILE_BUDGETS = (1.0, 0.5, 0.2, 0.0)
+SECTION = "## Real models (torchvision, timm, transformers)"
+
+
+@dataclass
+class Measured:
+    """One candidate's figures: bytes, fractions; None where not measured."""
+
+    peak: int | None = None
+    overhead: float | None = None
+    predicted_overhead: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Result:
+    model: str
+    plain_peak: int | None = None
+    plain_sim: int | None = None
+    smallest: dict = field(default_factory=dict)  # mode -> (bytes, proven)
+    budget: dict = field(default_factory=dict)  # mode -> bytes solved at
+    monet: dict = field(default_factory=dict)  # mode -> Measured
+    chen: Measured | None = None
+    compiled: Measured | None = None
+    repeats: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+def _release():
+    gc.collect()
+
+
+def _mib(b) -> str:
+    """MiB to three significant figures (the tiny models' peaks are fractions of a MiB)."""
+    return "" if b is None else f"{b / MiB:.3g}"
+
+
+class Bench:
+    """One model's candidates, measured against its plain PyTorch."""
+
+    def __init__(self, name: str, log):
+        import reach_models as rm
+        from monet.optimize import WithLoss
+
+        self.name, self.log = name, log
+        self.model, raw_inputs, self.target = rm.build(name)
+        self.with_loss = (lambda m: WithLoss(m, F.cross_entropy)) if self.target is not None else (lambda m: m)
+        self.raw_inputs = raw_inputs
+        self.plain = self.fresh()
+
+    def fresh(self, model=None):
+        """The model (a copy of the built one unless given) as it is trained: with its loss."""
+        return self.with_loss(copy.deepcopy(self.model) if model is None else model)
+
+    def measure(self, label: str, candidate, inputs, repeats: int, out: Measured | None = None) -> Measured:
+        from monet.profiling.check import step_overhead, step_peak
+
+        out = out or Measured()
+        out.peak = step_peak(candidate, inputs)
+        out.overhead, mc, mp = step_overhead(self.plain, candidate, inputs, repeats=repeats)
+        self.log(f"  {label}: {_mib(out.peak)} MiB, overhead {_pct(out.overhead)} "
+                 f"(median {mc:.4f} s vs plain {mp:.4f} s)")
+        return out
+
+
+def bench_model(res: Result, args, log, save) -> None:
+    from monet.optimize import prepare
+    from monet.profiling.check import step_peak, training_step
+    from monet.profiling.peers import checkpoint_blocks, compile_with_activation_budget
+    from monet.solver.solve import min_budget
+
+    b = Bench(res.model, log)
+    kw = dict(loss_fn=F.cross_entropy, target=b.target) if b.target is not None else {}
+    plan = prepare(copy.deepcopy(b.model), b.raw_inputs, cost="hybrid", progress=False, cache_dir=args.cache_dir, **kw)
+    inputs = plan.inputs
+    res.plain_sim = plan.eager_peak_bytes
+    res.plain_peak = step_peak(b.plain, inputs)
+    t0 = time.perf_counter()
+    training_step(b.plain, inputs)
+    res.repeats = timed_repeats(time.perf_counter() - t0, args.repeats)
+    log(f"  plain: measured {_mib(res.plain_peak)} MiB, simulated {_mib(res.plain_sim)} MiB; "
+        f"{res.repeats} timed iterations per side")
+    save()
+
+    for mode in ("normal", "full"):
+        solver_mode = FULL_MODE if mode == "full" else mode
+        least, proven = min_budget(plan.graph, plan.costs, solver_mode, time_limit=args.time_limit,
+                                   device=plan.device, cost_fn=plan.cost_fn)
+        res.smallest[mode] = (least, proven)
+        res.budget[mode] = max(int(FRACTION * plan.eager_peak_bytes), least)
+        log(f"  {mode}: smallest feasible {_mib(least)} MiB ({least / plan.eager_peak_bytes:.2f}, "
+            f"{'proven' if proven else 'not proven minimal'}); solving at {_mib(res.budget[mode])} MiB")
+        m = res.monet[mode] = Measured()
+        try:
+            sol = plan.solve(res.budget[mode], mode=mode, time_limit=args.time_limit, if_infeasible="smallest")
+            res.budget[mode] = sol.meta.budget_bytes
+            if sol.meta.eager_time_s:
+                m.predicted_overhead = sol.meta.objective_s / sol.meta.eager_time_s - 1.0
+            m.note = f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
+            b.measure(f"MONeT {mode}", plan.wrap(sol, b.fresh()), inputs, res.repeats, m)
+        except Exception as e:  # noqa: BLE001 - a failure is the cell's content
+            m.note = _err(e)
+            log(f"  MONeT {mode} failed: {m.note}")
+        _release()
+        save()
+
+    res.chen = Measured()
+    try:
+        model = copy.deepcopy(b.model)
+        res.chen.note = checkpoint_blocks(model)
+        b.measure("Chen", b.fresh(model), inputs, res.repeats, res.chen)
+    except ValueError as e:
+        res.chen.note = f"n/a: {e}"
+    except Exception as e:  # noqa: BLE001
+        res.chen.note = _err(e)
+    log(f"  Chen: {res.chen.note}")
+    _release()
+    save()
+
+    res.compiled = Measured()
+    target = (res.monet["normal"].peak or res.plain_peak)
+    peaks = {}
+    try:
+        for budget in COMPILE_BUDGETS:
+            peaks[budget] = step_peak(compile_with_activation_budget(b.fresh(), budget), inputs)
+            log(f"  torch.compile at activation_memory_budget {budget}: {_mib(peaks[budget])} MiB")
+            _release()
+        best = min(peaks, key=lambda k: abs(peaks[k] - target))
+        res.compiled.note = (f"budget {best:g}; peaks " +
+                             ", ".join(f"{k:g}: {_mib(v)}" for k, v in peaks.items()))
+        b.measure(f"torch.compile {best:g}", compile_with_activation_budget(b.fresh(), best), inputs,
+                  res.repeats, res.compiled)
+    except Exception as e:  # noqa: BLE001
+        res.compiled.note = _err(e) + (f" (peaks measured: {peaks})" if peaks else "")
+        log(f"  torch.compile failed: {res.compiled.note}")
+    torch._dynamo.reset()
+    _release()
+
+
+# ----------------------------------------------------------------------------------------------
+# markdown
+# ----------------------------------------------------------------------------------------------
+
+
+def _cell(m: Measured | None, plain: int | None, predicted: bool = False) -> str:
+    if m is None:
+        return ""
+    if m.peak is None:
+        return m.note
+    text = f"{_mib(m.peak)} ({m.peak / plain:.2f}x) @ {_pct(m.overhead)}"
+    if predicted and m.predicted_overhead is not None:
+        text += f" (pred. {_pct(m.predicted_overhead)})"
+    return text
+
+
+def _smallest(res: Result, mode: str) -> str:
+    if mode not in res.smallest:
+        return ""
+    least, proven = res.smallest[mode]
+    return f"{least / res.plain_sim:.2f}" + ("" if proven else " (not proven)")
+
+
+def _budget(res: Result) -> str:
+    cells = []
+    for mode, at in res.budget.items():
+        frac = at / res.plain_sim
+        why = "" if abs(frac - FRACTION) < 0.005 else " (smallest feasible)"
+        cells.append(f"{mode} {frac:.2f}{why}")
+    return ", ".join(cells)
+
+
+def table(results: list[Result]) -> str:
+    header = ["model", "plain MiB (simulated)", "smallest normal", "smallest full", "solved at",
+              "MONeT normal", "MONeT full", "Chen", "torch.compile", "notes"]
+    rows = []
+    for r in results:
+        if r.error and r.plain_peak is None:
+            rows.append([r.model] + [""] * 8 + [f"error: {r.error}"])
+            continue
+        notes = []
+        for mode, m in r.monet.items():
+            if m.note:
+                notes.append(f"{mode}: {m.note}")
+        if r.chen and r.chen.note:
+            notes.append(f"Chen: {r.chen.note}")
+        if r.compiled and r.compiled.note:
+            notes.append(f"compile: {r.compiled.note}")
+        if r.error:
+            notes.append(f"error: {r.error}")
+        rows.append([r.model, f"{_mib(r.plain_peak)} ({_mib(r.plain_sim)})", _smallest(r, "normal"),
+                     _smallest(r, "full"), _budget(r),
+                     _cell(r.monet.get("normal"), r.plain_peak, True), _cell(r.monet.get("full"), r.plain_peak, True),
+                     _cell(r.chen if r.chen and r.chen.peak else None, r.plain_peak) or
+                     (r.chen.note.split(":")[0] if r.chen else ""),
+                     _cell(r.compiled if r.compiled and r.compiled.peak else None, r.plain_peak) or
+                     ("error" if r.compiled and r.compiled.note else ""),
+                     "; ".join(notes) + f"; {r.seconds:.0f} s"])
+    return md_table(header, rows, "lrrrllllll")
+
+
+def section(results: list[Result], command: str, started: str, elapsed: float, finished: bool) -> str:
+    mach = machine()
+    return "\n".join([
+        SECTION, "",
+        f"Generated by `benchmarks/reach_table.py` on {started} (UTC), "
+        f"{'completed' if finished else 'INCOMPLETE (run going on or interrupted)'} in {elapsed / 60:.1f} min:", "",
+        "```", command, "```", "",
+        f"Machine: {mach['CPU']}, {mach['cores']} cores (shared with other processes), torch {mach['torch']}, "
+        f"{mach['torch threads']} threads, OMP_WAIT_POLICY {mach['OMP_WAIT_POLICY']}.", "",
+        "The tiny models of `tests/reach_models.py` (batch 2; 64x64 images, 32x32 for the ViTs, 16 tokens). "
+        "*plain*: measured peak of one training iteration (allocator level, `step_peak`) and, in brackets, "
+        "the simulated one that budgets are fractions of. *smallest*: `min_budget` in normal and full mode "
+        "as a fraction of the simulated plain peak (*not proven*: the solver's time limit ended the search). "
+        "*solved at*: the budget of the MONeT columns, 50 % or the mode's smallest feasible budget when that "
+        "is higher. Cells: measured peak MiB (/ plain measured) @ overhead, the interleaved median "
+        "iteration time / plain's - 1 (`step_overhead`), and for MONeT the solver's predicted overhead. "
+        "*Chen*: `torch.utils.checkpoint` on round(sqrt(n)) segments of the model's sequence of units, or on "
+        "each block of a transformer's block list (`peers.checkpoint_blocks`; notes say which). "
+        "*torch.compile*: `aot_eager_decomp_partition` under `activation_memory_budget` b, the b among "
+        f"{', '.join(f'{x:g}' for x in COMPILE_BUDGETS)} whose measured peak is closest to MONeT normal's "
+        "(notes list every b's peak). CPU times on these shared cores drift by about 20 % between runs, "
+        "and iterations of these tiny models take milliseconds: overheads of a few percent are noise.", "",
+        table(results), ""])
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace `SECTION` in ``path`` (up to the next ``## `` heading) with ``text``, or append it."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = old.splitlines()
+    if SECTION in lines:
+        start = lines.index(SECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = text.splitlines()
+    else:
+        lines += [""] + text.splitlines()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines).rstrip("\n") + "\n")
+    os.replace(tmp, path)
+
+
+def parse_args(argv=None):
+    import reach_models as rm
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(rm.MODELS), help="comma-separated names of tests/reach_models.py")
+    p.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve and per smallest-budget search")
+    p.add_argument("--repeats", type=int, default=5, help="least timed iterations per side")
+    p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    p.add_argument("--cache-dir", type=Path, default=None, help="measured-cost cache (default monet's)")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in rm.MODELS]
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {', '.join(rm.MODELS)}")
+    return args
+
+
+def main(argv=None) -> int:
+    import reach_models as rm
+
+    args = parse_args(argv)
+    log = bench.Log()
+    command = "python benchmarks/reach_table.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    t_start = time.perf_counter()
+    results: list[Result] = []
+
+    def save(finished=False):
+        write_section(args.out, section(results, command, started, time.perf_counter() - t_start, finished))
+
+    for name in args.models:
+        res = Result(name)
+        results.append(res)
+        log(f"{name}")
+        t0 = time.perf_counter()
+        reason = rm.missing(rm.MODELS[name][0])
+        try:
+            if reason:
+                raise RuntimeError(reason)
+            bench_model(res, args, log, save)
+        except Exception as e:  # noqa: BLE001 - one model's failure is its row
+            res.error = _err(e)
+            log(f"  failed: {res.error}")
+        res.seconds = time.perf_counter() - t0
+        _release()
+        save()
+    save(finished=True)
+    log(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
