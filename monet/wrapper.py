@@ -26,6 +26,9 @@ def _boxed_backward(gm, _example_inputs):
     return gm  # build_modules already gave it the boxed calling convention
 
 
+MAX_TRACES = 4  # traced graphs a ScheduledModule keeps (full and last batch, per autocast setting)
+
+
 def call_key(inputs: ExampleInputs, autocast) -> tuple:
     """What a traced graph is specific to: the inputs' structure, each tensor's shape, dtype and
     device, the non-tensor arguments' values, and the autocast setting."""
@@ -39,7 +42,8 @@ class ScheduledModule(nn.Module):
     """``model`` exported by Dynamo and traced by AOTAutograd, its backward executed by a schedule.
 
     Called like ``model``; the first call with a new input structure, shape, dtype or autocast
-    setting exports and traces again.  ``monet_compiled`` holds the last trace's ``graph``,
+    setting exports and traces again (the last `MAX_TRACES` traces are kept, so alternating
+    between an epoch's full and last batch traces each once).  ``monet_compiled`` holds the last trace's ``graph``,
     ``schedule``, ``fw`` and ``bw``.
 
     Args:
@@ -57,8 +61,7 @@ class ScheduledModule(nn.Module):
         self._make_schedule = make_schedule
         self._check = check
         self._autocast = autocast
-        self._traced = None
-        self._key = None
+        self._traces: dict = {}  # call_key -> traced module (a plain dict: no submodules)
         self.monet_compiled: dict = {}
 
     def forward(self, *args, **kwargs):
@@ -66,9 +69,12 @@ class ScheduledModule(nn.Module):
         autocast = self._autocast if self._autocast is not None else mixed_precision.current(
             inputs.first.device.type)
         key = call_key(inputs, autocast)
-        if self._traced is None or key != self._key:
-            self._traced, self._key = self._trace(inputs, autocast), key
-        return self._traced(*args, **kwargs)
+        traced = self._traces.get(key)
+        if traced is None:  # e.g. an epoch's last, smaller batch: kept, the next epoch needs it again
+            if len(self._traces) >= MAX_TRACES:
+                self._traces.pop(next(iter(self._traces)))
+            traced = self._traces[key] = self._trace(inputs, autocast)
+        return traced(*args, **kwargs)
 
     def _trace(self, inputs: ExampleInputs, autocast):
         gm = export(self.model, inputs)
@@ -92,7 +98,7 @@ class ScheduledModule(nn.Module):
         return trace(gm, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
 
     def _apply(self, fn, *args, **kwargs):
-        self._traced = None  # a new device or dtype: export and trace again on the next call
+        self._traces.clear()  # a new device or dtype: export and trace again on the next call
         return super()._apply(fn, *args, **kwargs)
 
 
