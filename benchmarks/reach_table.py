@@ -3,10 +3,10 @@
     python benchmarks/reach_table.py [--models a,b] [--time-limit 20] [--out BENCHMARKS.md]
 
 For each tiny torchvision, timm and transformers model of ``tests/reach_models.py`` (a classifier is
-trained with ``F.cross_entropy`` through `monet.optimize.WithLoss`; a transformers model given
+trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers model given
 ``labels`` computes its own loss):
 
-1. `monet.optimize.prepare` once (hybrid costs); plain PyTorch's measured peak
+1. `monet.plan.prepare` once (hybrid costs); plain PyTorch's measured peak
    (`monet.profiling.check.step_peak`) and simulated peak (what "50 %" is half of);
 2. the smallest feasible budget in normal and full mode (`monet.solver.solve.min_budget`,
    ``--time-limit`` seconds each), as a fraction of the simulated plain peak;
@@ -65,6 +65,7 @@ class Measured:
 @dataclass
 class Result:
     model: str
+    batch: int = 0
     plain_peak: int | None = None
     plain_sim: int | None = None
     smallest: dict = field(default_factory=dict)  # mode -> (bytes, proven)
@@ -89,12 +90,12 @@ def _mib(b) -> str:
 class Bench:
     """One model's candidates, measured against its plain PyTorch."""
 
-    def __init__(self, name: str, log):
+    def __init__(self, name: str, batch: int, log):
         import reach_models as rm
-        from monet.optimize import WithLoss
+        from monet.plan import WithLoss
 
         self.name, self.log = name, log
-        self.model, raw_inputs, self.target = rm.build(name)
+        self.model, raw_inputs, self.target = rm.build(name, batch)
         self.with_loss = (lambda m: WithLoss(m, F.cross_entropy)) if self.target is not None else (lambda m: m)
         self.raw_inputs = raw_inputs
         self.plain = self.fresh()
@@ -115,12 +116,12 @@ class Bench:
 
 
 def bench_model(res: Result, args, log, save) -> None:
-    from monet.optimize import prepare
+    from monet.plan import prepare
     from monet.profiling.check import step_peak, training_step
     from monet.profiling.peers import checkpoint_blocks, compile_with_activation_budget
     from monet.solver.solve import min_budget
 
-    b = Bench(res.model, log)
+    b = Bench(res.model, res.batch, log)
     kw = dict(loss_fn=F.cross_entropy, target=b.target) if b.target is not None else {}
     plan = prepare(copy.deepcopy(b.model), b.raw_inputs, cost="hybrid", progress=False, cache_dir=args.cache_dir, **kw)
     inputs = plan.inputs
@@ -221,12 +222,12 @@ def _budget(res: Result) -> str:
 
 
 def table(results: list[Result]) -> str:
-    header = ["model", "plain MiB (simulated)", "smallest normal", "smallest full", "solved at",
+    header = ["model", "batch", "plain MiB (simulated)", "smallest normal", "smallest full", "solved at",
               "MONeT normal", "MONeT full", "Chen", "torch.compile", "notes"]
     rows = []
     for r in results:
         if r.error and r.plain_peak is None:
-            rows.append([r.model] + [""] * 8 + [f"error: {r.error}"])
+            rows.append([r.model, str(r.batch)] + [""] * 8 + [f"error: {r.error}"])
             continue
         notes = []
         for mode, m in r.monet.items():
@@ -238,7 +239,7 @@ def table(results: list[Result]) -> str:
             notes.append(f"compile: {r.compiled.note}")
         if r.error:
             notes.append(f"error: {r.error}")
-        rows.append([r.model, f"{_mib(r.plain_peak)} ({_mib(r.plain_sim)})", _smallest(r, "normal"),
+        rows.append([r.model, str(r.batch), f"{_mib(r.plain_peak)} ({_mib(r.plain_sim)})", _smallest(r, "normal"),
                      _smallest(r, "full"), _budget(r),
                      _cell(r.monet.get("normal"), r.plain_peak, True), _cell(r.monet.get("full"), r.plain_peak, True),
                      _cell(r.chen if r.chen and r.chen.peak else None, r.plain_peak) or
@@ -246,7 +247,7 @@ def table(results: list[Result]) -> str:
                      _cell(r.compiled if r.compiled and r.compiled.peak else None, r.plain_peak) or
                      ("error" if r.compiled and r.compiled.note else ""),
                      "; ".join(notes) + f"; {r.seconds:.0f} s"])
-    return md_table(header, rows, "lrrrllllll")
+    return md_table(header, rows, "lrrrrllllll")
 
 
 def section(results: list[Result], command: str, started: str, elapsed: float, finished: bool) -> str:
@@ -258,7 +259,9 @@ def section(results: list[Result], command: str, started: str, elapsed: float, f
         "```", command, "```", "",
         f"Machine: {mach['CPU']}, {mach['cores']} cores (shared with other processes), torch {mach['torch']}, "
         f"{mach['torch threads']} threads, OMP_WAIT_POLICY {mach['OMP_WAIT_POLICY']}.", "",
-        "The tiny models of `tests/reach_models.py` (batch 2; 64x64 images, 32x32 for the ViTs, 16 tokens). "
+        "The tiny models of `tests/reach_models.py` (64x64 images, 32x32 for the ViTs, 16 tokens) at the batch "
+        "of the *batch* column (`reach_models.TABLE_BATCH` unless `--batch` is given: activations, not "
+        "parameters, make most of the plain peak there). "
         "*plain*: measured peak of one training iteration (allocator level, `step_peak`) and, in brackets, "
         "the simulated one that budgets are fractions of. *smallest*: `min_budget` in normal and full mode "
         "as a fraction of the simulated plain peak (*not proven*: the solver's time limit ended the search). "
@@ -294,6 +297,8 @@ def parse_args(argv=None):
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(rm.MODELS), help="comma-separated names of tests/reach_models.py")
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch size of every model (default: tests/reach_models.py's TABLE_BATCH, per model)")
     p.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve and per smallest-budget search")
     p.add_argument("--repeats", type=int, default=5, help="least timed iterations per side")
     p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
@@ -320,9 +325,9 @@ def main(argv=None) -> int:
         write_section(args.out, section(results, command, started, time.perf_counter() - t_start, finished))
 
     for name in args.models:
-        res = Result(name)
+        res = Result(name, batch=args.batch or rm.TABLE_BATCH.get(name, rm.B))
         results.append(res)
-        log(f"{name}")
+        log(f"{name} (batch {res.batch})")
         t0 = time.perf_counter()
         reason = rm.missing(rm.MODELS[name][0])
         try:

@@ -44,13 +44,12 @@ def missing(package: str) -> str | None:
     return None
 
 
-B = 2
-IMAGE = (B, 3, 64, 64)
+B = 2  # the tests' batch
 CLASSES = 10
 
 
-def _image(shape=IMAGE):
-    return torch.randn(shape), torch.randint(0, CLASSES, (shape[0],))
+def _image(b: int, size: int = 64):
+    return torch.randn(b, 3, size, size), torch.randint(0, CLASSES, (b,))
 
 
 def _tv(builder, **kw):
@@ -65,21 +64,20 @@ def _timm(name, **kw):
     return timm.create_model(name, pretrained=False, num_classes=CLASSES, **kw)
 
 
-def _tokens(vocab=128, seq=16):
-    ids = torch.randint(0, vocab, (B, seq))
-    return ids
+def _tokens(b: int, vocab=128, seq=16):
+    return torch.randint(0, vocab, (b, seq))
 
 
-def _gpt2():
+def _gpt2(b):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2,
                                        bos_token_id=0, eos_token_id=0))
-    ids = _tokens()
+    ids = _tokens(b)
     return model, dict(input_ids=ids, labels=ids, use_cache=False)
 
 
-def _llama():
+def _llama(b):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # grouped-query attention (4 query heads, 2 key/value heads) and rotary embeddings
@@ -87,49 +85,49 @@ def _llama():
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                          max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
                                          pad_token_id=0))
-    ids = _tokens()
+    ids = _tokens(b)
     return model, dict(input_ids=ids, labels=ids, use_cache=False)
 
 
-def _bert():
+def _bert(b):
     from transformers import BertConfig, BertForMaskedLM
 
     # masked language model: the decoder's weight is tied to the word embeddings
     model = BertForMaskedLM(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=64, max_position_embeddings=64, pad_token_id=0))
-    ids = _tokens()
+    ids = _tokens(b)
     return model, dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
 
 
-def _vit():
+def _vit(b):
     from transformers import ViTConfig, ViTForImageClassification
 
     model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
                                                 num_attention_heads=2, intermediate_size=64, num_labels=CLASSES))
-    x, y = _image((B, 3, 32, 32))
+    x, y = _image(b, 32)
     return model, dict(pixel_values=x, labels=y)
 
 
-def _qwen2():
+def _qwen2(b):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                          bos_token_id=0, eos_token_id=0, pad_token_id=0))
-    ids = _tokens()
+    ids = _tokens(b)
     return model, dict(input_ids=ids, labels=ids, use_cache=False)
 
 
-# name -> (package, builder returning (model, inputs) with the loss in the output, or
+# name -> (package, builder(batch) returning (model, inputs) with the loss in the output, or
 #          (model, (x, y)) for a classifier trained with cross-entropy)
 MODELS = {
-    "torchvision/resnet18": ("torchvision", lambda: (_tv("resnet18"), _image())),
-    "torchvision/mobilenet_v3_small": ("torchvision", lambda: (_tv("mobilenet_v3_small"), _image())),
-    "torchvision/efficientnet_b0": ("torchvision", lambda: (_tv("efficientnet_b0"), _image())),
-    "torchvision/shufflenet_v2_x0_5": ("torchvision", lambda: (_tv("shufflenet_v2_x0_5"), _image())),
-    "timm/vit_tiny_patch16_224": ("timm", lambda: (_timm("vit_tiny_patch16_224", img_size=32, patch_size=8), _image((B, 3, 32, 32)))),
-    "timm/convnext_atto": ("timm", lambda: (_timm("convnext_atto"), _image())),
-    "timm/resnet10t": ("timm", lambda: (_timm("resnet10t"), _image())),
+    "torchvision/resnet18": ("torchvision", lambda b: (_tv("resnet18"), _image(b))),
+    "torchvision/mobilenet_v3_small": ("torchvision", lambda b: (_tv("mobilenet_v3_small"), _image(b))),
+    "torchvision/efficientnet_b0": ("torchvision", lambda b: (_tv("efficientnet_b0"), _image(b))),
+    "torchvision/shufflenet_v2_x0_5": ("torchvision", lambda b: (_tv("shufflenet_v2_x0_5"), _image(b))),
+    "timm/vit_tiny_patch16_224": ("timm", lambda b: (_timm("vit_tiny_patch16_224", img_size=32, patch_size=8), _image(b, 32))),
+    "timm/convnext_atto": ("timm", lambda b: (_timm("convnext_atto"), _image(b))),
+    "timm/resnet10t": ("timm", lambda b: (_timm("resnet10t"), _image(b))),
     "transformers/gpt2": ("transformers", _gpt2),
     "transformers/llama": ("transformers", _llama),
     "transformers/bert-mlm": ("transformers", _bert),
@@ -141,15 +139,27 @@ MODELS = {
 # Heavier models, run with MONET_REACH=all (Swin-T: 28 M parameters, about 8 minutes on 2 cores):
 # its relative-position index is a constant lifted into the graph (a get_attr node).
 EXTRA = {
-    "torchvision/swin_t": ("torchvision", lambda: (_tv("swin_t"), _image())),
+    "torchvision/swin_t": ("torchvision", lambda b: (_tv("swin_t"), _image(b))),
 }
 
 
-def build(name: str):
-    """``(model, inputs, target)``: target None when the model's output holds its loss."""
+# The benchmark table's batch per model (`benchmarks/reach_table.py`): large enough that activations,
+# not parameters and gradients, make most of plain PyTorch's peak, so that "50 % of the plain peak" is
+# a budget a schedule can meet, and small enough for an iteration of about a second on 2 CPU cores.
+TABLE_BATCH = {
+    "torchvision/resnet18": 64, "torchvision/mobilenet_v3_small": 32, "torchvision/efficientnet_b0": 16,
+    "torchvision/shufflenet_v2_x0_5": 32, "timm/vit_tiny_patch16_224": 32, "timm/convnext_atto": 16,
+    "timm/resnet10t": 32, "transformers/gpt2": 16, "transformers/llama": 16, "transformers/bert-mlm": 16,
+    "transformers/vit": 32, "transformers/qwen2": 16, "torchvision/swin_t": 4,
+}
+
+
+def build(name: str, batch: int = B):
+    """``(model, inputs, target)`` for ``batch`` examples: target None when the model's output holds its
+    loss.  Raises KeyError for a name of neither `MODELS` nor `EXTRA`."""
     declare_torchvision_ops()
     torch.manual_seed(0)
-    model, batch = {**MODELS, **EXTRA}[name][1]()
+    model, batch = {**MODELS, **EXTRA}[name][1](batch)
     model.train()
     if isinstance(batch, tuple):  # (image, class) for cross-entropy
         return model, batch[0], batch[1]
