@@ -198,6 +198,22 @@ def test_ilp_chooses_math_when_it_fits_and_flash_when_it_does_not(attn):
         assert chk.grad_rel_error(chk.grads_and_buffers(wrapped, x, g)[0], ref) <= 1e-5
 
 
+def test_math_is_never_the_lean_candidate(attn):
+    """The smallest-budget search's memory-lean implementations leave math out: it stores P, even
+    where its workspace (here made 0) is less than the fused kernel's."""
+    from monet.solver.solve import full_model, lean_impls
+
+    model, x, graph, _ = attn
+
+    def no_workspace(g, keys, governed):
+        c = costs_for(g, analytic_costs(g))
+        return dataclasses.replace(c, fwd_workspace=0 * c.fwd_workspace, bwd_workspace=0 * c.bwd_workspace)
+
+    options, _ = full_model(graph, _costs(model, x, graph), "attention", "cpu", no_workspace)
+    assert {o.impl for o in options} == {"default", "attention.math"}
+    assert lean_impls(options) == {}
+
+
 def test_mode_token():
     assert "attention" in mode_tokens("full")
     assert [i.name for i in impls_for("attention", "cpu")] == ["attention.math"]

@@ -379,4 +379,5 @@ for _b in ("math", "flash", "efficient", "cudnn"):
     _anchors = tuple(str(op) for op, b in FUSED.items() if b is not _backend and
                      (_b == "math" or b.device == "cuda"))
     register(Impl(f"attention.{_b}", "attention", "fwd", tuple(_anchors), _rewrite(_backend),
-                  devices=("cpu", "cuda") if _b == "math" else ("cuda",), stores=_STORES[_b]))
+                  devices=("cpu", "cuda") if _b == "math" else ("cuda",), stores=_STORES[_b],
+                  lean=_b != "math"))

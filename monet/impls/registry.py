@@ -67,6 +67,9 @@ class Impl:
             backward node) in place; False when this anchor does not qualify (nothing changed).
         devices: device types it runs on.
         stores: what it keeps for the backward pass, with its size (documentation and tables).
+        lean: False for an implementation that stores more than PyTorch's kernel (attention's math
+            backend keeps the probabilities): never the memory-lean candidate of the smallest-budget
+            search (`monet.solver.solve.lean_impls`).
     """
 
     name: str
@@ -76,6 +79,7 @@ class Impl:
     rewrite: Callable[[fx.Graph, fx.Node], bool]
     devices: tuple[str, ...] = ("cpu", "cuda")
     stores: str = ""
+    lean: bool = True
 
 
 IMPLS: dict[str, Impl] = {}
