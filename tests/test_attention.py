@@ -112,6 +112,26 @@ def test_math_kernels_match_pytorch(q_shape, kv_len, causal, mask):
         torch.testing.assert_close(a, r)
 
 
+@pytest.mark.parametrize("backend", ["flash_cpu", "math"])
+def test_cpu_backend_pairs_match_pytorch(backend):
+    """Each CPU backend's forward/backward pair, as the graph calls it, against autograd through
+    F.scaled_dot_product_attention; the outputs keep the layout asked for."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 6, 3, 8).transpose(1, 2).requires_grad_() for _ in range(3))  # (B, H, L, E) views
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grad = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    b = BACKENDS[backend]
+    layout = (0, 2, 1, 3)
+    with torch.no_grad():
+        outs = b.forward(q, k, v, None, True, None, layout=layout)
+        got = b.backward(grad, q, k, v, None, True, None, *[outs[i] for i in b.saved], layout=(layout,) * 3)
+    torch.testing.assert_close(outs[0], ref, rtol=1e-5, atol=1e-6)
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-6)
+    assert all(t.stride() == q.stride() for t in (outs[0], *got))
+
+
 def test_stored_bytes_formula(attn):
     """math stores P; the CPU flash kernel out and its logsumexp: the graph's values have these sizes."""
     _, _, graph, _ = attn

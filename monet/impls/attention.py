@@ -87,9 +87,11 @@ def math_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, *, layout
 
     q: (B, H, L, E), k: (B, H, S, E), v: (B, H, S, Ev), float; attn_mask: None, bool (True =
     attend) or float (added to the scores), broadcastable to (B, H, L, S); is_causal: mask the
-    upper triangle (L, S); scale: softmax scale (default 1 / sqrt(E)).
+    upper triangle (L, S); scale: softmax scale (default 1 / sqrt(E)); layout: out's memory
+    layout (`dim_order`; the fused kernels return (B, L, H, Ev) memory viewed as (B, H, L, Ev)).
     Returns (out (B, H, L, Ev), P (B, H, L, S) in q's dtype): P = softmax(q k^T * scale + mask),
-    with fully masked rows 0 (``_safe_softmax``, as PyTorch's math backend).
+    with fully masked rows 0 (``_safe_softmax``, as PyTorch's math backend).  Errors are aten's
+    (shapes that do not broadcast).
     """
     sf = _scale_factor(q, scale)
     scores = torch.matmul(q * sf, k.transpose(-2, -1) * sf)
@@ -107,7 +109,8 @@ def math_backward(grad, q, k, v, attn_mask, is_causal, scale, probs, *, layout=N
     """Backward of `math_forward` from the stored P (no recomputation).
 
     grad: (B, H, L, Ev), gradient of out; q, k, v, scale as in the forward (attn_mask and
-    is_causal are in P already); probs: P. Returns (grad_q, grad_k, grad_v) of q's, k's, v's
+    is_causal are in P already); probs: P; layout: the three gradients' memory layouts (those of
+    the backward kernel it replaces). Returns (grad_q, grad_k, grad_v) of q's, k's, v's
     shapes: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) (softmax's backward),
     dQ = dS K * scale, dK = dS^T Q * scale.
     """
@@ -128,7 +131,7 @@ def flash_cpu_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, *, l
     return in_layout(out, layout), lse
 
 
-def flash_cpu_backward(grad, q, k, v, attn_mask, is_causal, scale, out, logsumexp):
+def flash_cpu_backward(grad, q, k, v, attn_mask, is_causal, scale, out, logsumexp, *, layout=None):
     """Backward of `flash_cpu_forward`: recomputes P blockwise from q, k and logsumexp.
     Returns (grad_q, grad_k, grad_v)."""
     return _layouts(aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
