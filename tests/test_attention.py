@@ -146,6 +146,18 @@ def test_stored_bytes_formula(attn):
         stored_bytes("fast", q, q, q)
 
 
+def test_analytic_flops_of_the_backends(attn):
+    """The CPU flash kernel counts SDPA's flops (2 matmuls forward, 5 backward: it recomputes
+    q k^T); math counts the same forward and 4 matmuls backward."""
+    _, _, graph, _ = attn
+    vg, keys, governed = variant(graph, "attention.math")
+    i, t = int(keys[0][4:]), governed[keys[0]][0]
+    base, alt = analytic_costs(graph).set_index(["kind", "node"]), analytic_costs(vg).set_index(["kind", "node"])
+    matmul = 2 * 2 * 2 * 48 * 48 * 8  # one (L x E) @ (E x S) product per batch and head, in flops
+    assert base.loc[("fwd", i), "flops"] == alt.loc[("fwd", i), "flops"] == 2 * matmul
+    assert base.loc[("bwd", t), "flops"] == 5 * matmul and alt.loc[("bwd", t), "flops"] == 4 * matmul
+
+
 def _run(attn, impls):
     model, x, graph, g = attn
     S, R = keep_all_matrices(graph)
