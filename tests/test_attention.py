@@ -65,14 +65,17 @@ def test_sdpa_is_one_forward_and_one_backward_node(attn):
 
 def test_transformers_llama_attention_is_one_node_pair():
     """transformers' default attention (SDPA) in the reach suite's tiny Llama (2 layers,
-    grouped-query heads repeated by transformers): one fused node pair per layer, and the math
-    implementation applies to each."""
+    grouped-query heads repeated by transformers), with a padding mask: one fused node pair per
+    layer, the mask an argument of it, and the math implementation applies to both."""
     import reach_models as rm
 
     reason = rm.missing("transformers")
     if reason:
         pytest.skip(reason)
     model, inputs, _ = rm.build("transformers/llama")
+    mask = torch.ones_like(inputs["input_ids"])
+    mask[0, :5] = 0  # left padding
+    inputs = dict(inputs, attention_mask=mask)
     graph = capture(model, inputs)
     fwd, bwd = _ops(graph)
     assert fwd.count(FLASH_CPU) == 2 and bwd.count(FLASH_CPU_BWD) == 2
@@ -80,6 +83,36 @@ def test_transformers_llama_attention_is_one_node_pair():
     vg, keys, governed = variant(graph, "attention.math")
     assert len(keys) == 2 and all(len(governed[k]) == 1 for k in keys)
     assert _ops(vg)[0].count("monet.math_forward") == 2 and _ops(vg)[1].count("monet.math_backward") == 2
+    by_name = {n.name: n for n in graph.joint.graph.nodes}
+    assert all(by_name[graph.fwd[int(k[4:])].name].kwargs.get("attn_mask") is not None for k in keys)
+
+
+class MaskedAttention(Attention):
+    """`Attention` with an additive float mask (B, 1, L, L) input instead of the causal flag."""
+
+    def forward(self, x, mask):
+        b, length, dim = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(y.transpose(1, 2).reshape(b, length, dim))
+
+
+def test_math_with_a_mask_keeps_gradients():
+    """A fused kernel called with a mask: math takes the mask over, gradients within 1e-5."""
+    torch.manual_seed(3)
+    model, x = MaskedAttention(), torch.randn(2, 8, 16)
+    mask = torch.zeros(2, 1, 8, 8).masked_fill(torch.rand(2, 1, 8, 8) > 0.7, float("-inf"))
+    mask[..., 0] = 0  # every row attends somewhere
+    graph = capture(model, (x, mask))
+    vg, keys, _ = variant(graph, "attention.math")
+    assert len(keys) == 1
+    S, R = keep_all_matrices(graph)
+    sched = schedule_from_matrices(graph, S, R)
+    sched.impl = {keys[0]: "attention.math"}
+    wrapped = scheduled_module(copy.deepcopy(model), lambda _g: sched)
+    _, got = chk.train_losses(wrapped, (x, mask), steps=1)
+    _, ref = chk.train_losses(copy.deepcopy(model), (x, mask), steps=1)
+    assert chk.grad_rel_error(got, ref) <= 1e-5
 
 
 def test_dropout_attention_gets_no_alternative():
