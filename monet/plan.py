@@ -175,7 +175,7 @@ class Plan:
         zero = zero_gamma_batchnorms(self.module)
         if "multiway" in tokens and zero:
             # BatchNorm rebuilding its input from its output divides by gamma (monet.impls.batchnorm)
-            mode = "_".join(t for t in ("inplace", "conv", "newnode") if t in tokens) or "normal"
+            mode = "_".join(t for t in ("inplace", "conv", "newnode", "attention") if t in tokens) or "normal"
             self._log(f"{len(zero)} BatchNorm layer(s) have gamma == 0 ({zero[0]} ...; zero-initialised, as timm's "
                       f"zero_init_last does): their output-activated backward cannot recover the input, so the "
                       f"'multiway' implementations are left out: mode {mode}")

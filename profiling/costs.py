@@ -183,24 +183,40 @@ def _elem_bytes(t: torch.Tensor) -> int:
     return int(t.numel()) * int(t.element_size())
 
 
+# ops without a formula in flop_registry that compute what a registered op computes, with the same
+# leading arguments: the CPU flash attention kernels (query, key, value; grad_out first backward)
+_FLOP_ALIASES = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: torch.ops.aten._scaled_dot_product_flash_attention,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        torch.ops.aten._scaled_dot_product_flash_attention_backward,
+}
+
+
 def node_flops(fx_node: fx.Node) -> int:
     """FLOP of one joint-graph op, from ``torch.utils.flop_counter``'s formula registry.
 
     The registry (``flop_registry``, keyed by ``OpOverloadPacket``) holds formulas for matmuls
-    (mm, addmm, bmm, baddbmm), convolutions (forward and ``convolution_backward``) and attention;
+    (mm, addmm, bmm, baddbmm), convolutions (forward and ``convolution_backward``) and attention
+    (the CPU flash kernels through `_FLOP_ALIASES`; a kernel of `monet.impls` may carry its own
+    formula, ``_monet_flops``, or name its ATen op, ``_monet_aten``);
     they take the op's arguments and ``out_val`` and read only shapes, so the fake tensors of
     ``meta['val']`` serve.  This is exactly what ``FlopCounterMode`` computes at run time.
     Other ops (elementwise, normalisation, reductions) are not in the registry and count 0:
     their time is bandwidth-bound and comes from `node_bytes_moved`.
     """
-    # an implementation's kernel (monet.impls.conv) names the ATen op it runs
-    target = getattr(fx_node.target, "_monet_aten", fx_node.target)
-    packet = getattr(target, "overloadpacket", None)
-    if packet is None or packet not in flop_registry:
-        return 0
+    # an implementation's kernel names its formula (monet.impls.attention) or the ATen op it runs
+    # (monet.impls.conv)
+    formula = getattr(fx_node.target, "_monet_flops", None)
+    if formula is None:
+        target = getattr(fx_node.target, "_monet_aten", fx_node.target)
+        packet = getattr(target, "overloadpacket", None)
+        packet = _FLOP_ALIASES.get(packet, packet)
+        if packet is None or packet not in flop_registry:
+            return 0
+        formula = flop_registry[packet]
     args = tree_map(_meta_val, fx_node.args)
     kwargs = tree_map(_meta_val, fx_node.kwargs)
-    return int(flop_registry[packet](*args, **kwargs, out_val=fx_node.meta.get("val")))
+    return int(formula(*args, **kwargs, out_val=fx_node.meta.get("val")))
 
 
 def is_half_precision(fx_node: fx.Node) -> bool:

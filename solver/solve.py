@@ -193,7 +193,8 @@ def _option_seconds(o) -> float:
 
 def lean_impls(options, cheap: bool = False) -> dict[str, str]:
     """A memory-lean implementation per choice: a compact new value (mask, offsets) where there is
-    one, else the option with the least workspace (ties: PyTorch's).
+    one, else the option with the least workspace (ties: PyTorch's); never an implementation that
+    stores more than PyTorch's kernel (``Impl.lean`` False: attention's math backend).
 
     With ``cheap``, only options at most 5 % slower than PyTorch's kernel on their nodes are
     candidates (by the costs of ``options``): the lean options can be slow, and the right ones
@@ -207,6 +208,8 @@ def lean_impls(options, cheap: bool = False) -> dict[str, str]:
     best: dict[str, tuple] = {}
     for o in options:
         if cheap and o.key in default and _option_seconds(o) > 1.05 * default[o.key] + 1e-9:
+            continue
+        if o.impl in IMPLS and not IMPLS[o.impl].lean:
             continue
         token = IMPLS[o.impl].token if o.impl in IMPLS else ""
         ws = sum(float(o.bwd_workspace[t]) for t in o.governed) + (float(o.fwd_workspace[o.node]) if o.node >= 0 else 0)

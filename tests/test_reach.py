@@ -37,8 +37,9 @@ FULL_IN_CI = {"torchvision/mobilenet_v3_small", "transformers/gpt2", "transforme
 NAMES = list(rm.MODELS) + (list(rm.EXTRA) if ALL else [])
 # Full mode without the 'conv' token: on the CPU the convolution implementations are oneDNN's and
 # PyTorch's native kernels, whose arithmetic differs (1e-4 to 1e-2 relative on these models); the
-# bitwise-or-1e-5 gradient criterion is for the implementations that store less.
-FULL = "inplace_multiway_newnode"
+# bitwise-or-1e-5 gradient criterion is for the implementations that store less.  'attention': the
+# math backend where PyTorch runs a fused SDPA kernel (monet.impls.attention).
+FULL = "inplace_multiway_newnode_attention"
 
 
 def _plan(name: str, tmp_path_factory):

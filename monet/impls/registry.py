@@ -2,17 +2,19 @@
 
 An implementation (MONeT, Shah et al. ICLR 2021, Sec. 4 "operator implementations") is attached to
 one node of the joint graph, its *anchor*: a forward node (ReLU, BatchNorm, max-pool, dropout,
-convolution) or a backward node (``convolution_backward``).  Applying it rewrites the anchor, and
+convolution, attention) or a backward node (``convolution_backward``).  Applying it rewrites the anchor, and
 for a forward anchor the backward node that reads what the anchor stored, in place: each replaced
 FX node gets a new node at the same position, so forward and backward node ids of the `OpGraph`
 do not change, only what the nodes compute, store and read.  The forward, the backward and the
 memory formula of each implementation live in its family's module (``monet.impls.activation``,
-``batchnorm``, ``pooling``, ``dropout``, ``conv``); adding one touches one file.
+``batchnorm``, ``pooling``, ``dropout``, ``conv``, ``attention``); adding one touches one file.
 
 MONeT's mode strings name which kinds of implementation the solver may choose (`MODE_TOKENS`):
 ``conv`` (convolution algorithms), ``multiway`` (input- or output-activated: what a node stores),
-``newnode`` (intermediate-activated: a new compact tensor such as a 1-bit mask) and ``inplace``
-(ReLU and add overwrite their input when it has no later user; applied by the executor).
+``newnode`` (intermediate-activated: a new compact tensor such as a 1-bit mask), ``inplace``
+(ReLU and add overwrite their input when it has no later user; applied by the executor) and
+``attention`` (the backend of ``scaled_dot_product_attention``: math, which stores the
+probabilities, or a fused kernel, which recomputes them; `monet.impls.attention`).
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ from torch.utils._pytree import tree_map
 
 from monet.graph import OpGraph, build_opgraph, op_name
 
-MODE_TOKENS = ("inplace", "conv", "multiway", "newnode")
-#: MONeT's mode strings; "full" is an alias of the last.
-MODES = ("none", "normal", "inplace_normal", "conv_normal", "multiway", "newnode", "inplace_conv_multiway_newnode")
+MODE_TOKENS = ("inplace", "conv", "multiway", "newnode", "attention")
+#: MONeT's mode strings, and ``attention`` (SDPA backends); "full" is an alias of the last.
+MODES = ("none", "normal", "inplace_normal", "conv_normal", "multiway", "newnode", "attention",
+         "inplace_conv_multiway_newnode_attention")
 DEFAULT = "default"
 
 
@@ -64,6 +67,9 @@ class Impl:
             backward node) in place; False when this anchor does not qualify (nothing changed).
         devices: device types it runs on.
         stores: what it keeps for the backward pass, with its size (documentation and tables).
+        lean: False for an implementation that stores more than PyTorch's kernel (attention's math
+            backend keeps the probabilities): never the memory-lean candidate of the smallest-budget
+            search (`monet.solver.solve.lean_impls`).
     """
 
     name: str
@@ -73,6 +79,7 @@ class Impl:
     rewrite: Callable[[fx.Graph, fx.Node], bool]
     devices: tuple[str, ...] = ("cpu", "cuda")
     stores: str = ""
+    lean: bool = True
 
 
 IMPLS: dict[str, Impl] = {}
