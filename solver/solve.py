@@ -557,7 +557,14 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
     if mode == "none":
         return solve_none(graph, costs, int(budget), info)
     if mode == "normal":
-        return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit, verbose=verbose,
-                            gap=gap, progress=progress)
+        try:
+            return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit,
+                                verbose=verbose, gap=gap, progress=progress, smallest=False)
+        except InfeasibleBudgetError:
+            # the smallest-budget search's schedule if it fits, else its error: the search is cached
+            # on the graph, so a retry at the budget the error names gets that schedule, even where a
+            # second time-limited search would stop at a larger budget (as on loaded machines)
+            return _smallest_schedule(graph, costs, int(budget), info, mode, solver, time_limit, device, cost_fn,
+                                      dict(inplace=False, eager=None, eager_time=None))
     return solve_full(graph, costs, int(budget), info, mode=mode, solver=solver, time_limit=time_limit,
                       verbose=verbose, device=device, cost_fn=cost_fn, progress=progress, gap=gap)

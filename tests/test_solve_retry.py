@@ -1,0 +1,35 @@
+"""A budget named by an `InfeasibleBudgetError` is feasible when solved again, however the second
+solve goes: the smallest-budget search is cached on the graph, and its schedule is what a solve at
+that budget falls back to when the time-limited ILP finds nothing there (as on a loaded machine)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monet.capture import capture
+from monet.profiling.costs import analytic_costs, costs_for
+from monet.solver import solve as solve_mod
+from monet.solver.ilp import InfeasibleBudgetError
+from monet.solver.solve import eager_peak, solve
+from usernet import UserNet
+
+
+def test_retry_at_the_named_budget_gets_the_search_schedule(monkeypatch):
+    torch.manual_seed(0)
+    graph = capture(UserNet(), torch.randn(4, 3, 16, 16))
+    costs = costs_for(graph, analytic_costs(graph))
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(graph, costs, int(0.05 * eager_peak(graph, costs)), "normal", time_limit=20)
+    least = err.value.min_budget_bytes
+    assert least is not None
+
+    def nothing_in_time(*args, **kwargs):  # a time-limited ILP that found no schedule
+        raise InfeasibleBudgetError(int(args[3]), None, "normal")
+
+    monkeypatch.setattr(solve_mod, "solve_ilp", nothing_in_time)
+    sol = solve(graph, costs, least, "normal", time_limit=20)
+    assert sol.meta.predicted_peak_bytes <= least
+    assert sol.meta.solver.endswith("+min-budget")
+    with pytest.raises(InfeasibleBudgetError) as again:  # below it: still refused, with the same budget named
+        solve(graph, costs, least - 1, "normal", time_limit=20)
+    assert again.value.min_budget_bytes == least
