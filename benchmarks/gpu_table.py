@@ -96,7 +96,7 @@ GPU: dict[str, Config] = {
 }
 
 
-def _small() -> dict[str, Config]:
+def small_configs() -> dict[str, Config]:
     """Tiny CPU configurations: the CPU benchmark's model widths (`monet.profiling.bench.CONFIGS`)
     at smaller batches and inputs."""
     from monet.profiling.bench import CONFIGS
@@ -154,7 +154,7 @@ def _build(cfg: Config, device: str):
     return model.to(device), x.to(device)
 
 
-def _capture(cfg: Config, device: str):
+def capture_config(cfg: Config, device: str):
     """The joint graph of ``cfg``: on the meta device for fp32 (nothing of full size is allocated),
     on ``device`` itself under autocast (its casts differ between device types)."""
     import torch
@@ -218,7 +218,7 @@ def step_solve(cfg: Config, args, log: Log) -> dict:
     prof = _read_json(args.work_dir / cfg.model / "profile.json", "profile", cfg.model)
     target = prof["device"].split(":")[0]
     log(f"{cfg.model}: solve for {prof['device_name']}: capturing")
-    graph = _capture(cfg, target)
+    graph = capture_config(cfg, target)
     if graph.fingerprint != prof["fingerprint"]:
         raise BenchError(f"{cfg.model}: the graph captured here ({graph.fingerprint[:16]}) is not the profiled one "
                          f"({prof['fingerprint'][:16]}, torch {prof['torch']}): solve with the torch version and "
@@ -502,7 +502,7 @@ def parse_args(argv=None):
     unknown = [n for n in names if n not in GPU]
     if unknown:
         p.error(f"unknown model(s) {unknown}: choose from {', '.join(GPU)}")
-    table = _small() if args.small else GPU
+    table = small_configs() if args.small else GPU
     args.configs = [table[n] for n in names]
     if args.budgets:
         budgets = tuple(b.strip() for b in args.budgets.split(",") if b.strip())

@@ -185,9 +185,9 @@ def costs_with_profiled_workspace(model, x, graph, log):
 
 def _one_iteration_s(model, x, g, autocast=None) -> float:
     """Seconds of one training iteration (no synchronisation: CPU)."""
-    from monet.profiling.check import _iteration
+    from monet.profiling.check import run_iteration
     t0 = time.perf_counter()
-    _iteration(model, x, g, autocast)
+    run_iteration(model, x, g, autocast)
     return time.perf_counter() - t0
 
 

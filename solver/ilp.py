@@ -392,6 +392,11 @@ class _Problem:
         return np.asarray(self.m.value) > 0.5
 
 
+# The public name (tests and tools build the ILP's variables and constraints with it); the module's
+# own functions keep the private one until the offload and attention branches are merged.
+Problem = _Problem
+
+
 @dataclass
 class _Run:
     """One MIP solve: cvxpy's status, the solver's bound (model units, None if unknown), seconds,
