@@ -59,6 +59,12 @@ examples:
   monet check r50.pkl --check-diff --check-runtime --run-bs --json
   monet profile resnet50 --batch-size 184 --device cuda -o resnet50_184.profile
 
+benchmarks (from a checkout of the repository; not installed, see BENCHMARKS.md):
+  python benchmarks/bench.py          CPU table: MONeT's schedules, plain PyTorch and the peers
+  python benchmarks/bench_solver.py   the ILP at MONeT's full-scale configurations: size, time, gap
+  python benchmarks/gpu_table.py      MONeT's GPU table: profile, solve, measure
+  python benchmarks/reach_table.py    torchvision, timm and transformers models
+
 Run "monet COMMAND --help" for a command's options.
 """
 
@@ -798,12 +804,6 @@ def _cmd_demo(args) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _cmd_bench_solver(args) -> int:
-    from monet.profiling import bench_solver
-
-    return bench_solver.run(args, sys.argv[2:] if len(sys.argv) > 2 else [])
-
-
 def _cmd_zoo(args) -> int:
     return {"list": _zoo_list, "get": _zoo_get, "build": _zoo_build, "verify": _zoo_verify,
             "plot": _zoo_plot}[args.zoo_command](args)
@@ -1051,14 +1051,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
     p.set_defaults(func=_cmd_demo)
-
-    # bench-solver
-    from monet.profiling import bench_solver
-
-    p = sub.add_parser("bench-solver", help="solve MONeT's full-scale configurations and tabulate size, time and gap",
-                       description=bench_solver.__doc__.split("\n\n")[0] + " Needs no GPU.")
-    bench_solver.build_parser(p)
-    p.set_defaults(func=_cmd_bench_solver)
 
     # zoo
     p = sub.add_parser("zoo", help="prebuilt schedules: list, get, build, verify, plot",

@@ -133,7 +133,7 @@ class _Problem:
         useful = np.zeros(N, dtype=bool)
         useful[gnode] = True
         need &= useful[None, :]
-        if not prune:  # MONeT's plain formulation, for contrast (`monet bench-solver`): R everywhere
+        if not prune:  # MONeT's plain formulation, for contrast (`benchmarks/bench_solver.py --plain`): R everywhere
             need = np.broadcast_to(useful[None, :], (T, N)).copy()
         allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need
         # forward edges at group level: node j reads group g

@@ -606,8 +606,8 @@ def plot_frontier(records: list[dict], out: Path | str) -> Path:
 
 
 def markdown_table(records: list[dict]) -> str:
-    """The zoo as a GitHub markdown table (`monet.profiling.bench.md_table`)."""
-    from monet.profiling.bench import md_table
+    """The zoo as a GitHub markdown table (`monet.profiling.markdown.md_table`)."""
+    from monet.profiling.markdown import md_table
 
     header = ["entry", "model (batch)", "budget", "predicted peak GiB", "plain peak GiB", "predicted overhead",
               "status", "gap", "solve s", "costs"]
@@ -643,7 +643,7 @@ def write_markdown(records: list[dict], markdown: Path | str, image: Path | str 
     to the markdown file's folder."""
     import os
 
-    from monet.profiling.bench_solver import write_section
+    from monet.profiling.markdown import write_section
 
     markdown = Path(markdown)
     rel = None
