@@ -406,7 +406,12 @@ def _build_worker(cfg: ZooConfig, ctx: _Ctx):
     return build_config(cfg, ctx)
 
 
-def _select(models=None, budgets=None) -> list[ZooConfig]:
+def select_configs(models=None, budgets=None) -> list[ZooConfig]:
+    """The zoo configurations of ``models`` (default all), with only ``budgets`` where given.
+
+    Raises:
+        ValueError: an unknown model or a malformed budget, before anything is solved.
+    """
     by_model = {c.model: c for c in CONFIGS}
     names = list(by_model) if not models else list(models)
     unknown = [m for m in names if m not in by_model]
@@ -445,7 +450,7 @@ def build(configs=None, *, root: Path | str | None = None, models=None, budgets=
     """
     root = Path(root) if root is not None else ZOO_DIR
     (root / SCHEDULES).mkdir(parents=True, exist_ok=True)
-    configs = list(configs) if configs is not None else _select(models, budgets)
+    configs = list(configs) if configs is not None else select_configs(models, budgets)
     index = {r["name"]: r for r in load_index(root)}
     ctx = _Ctx(root=root, time_limit=float(time_limit), gap=gap, solver=solver, solver_log=solver_log,
                existing=dict(index), skip_existing=skip_existing)
