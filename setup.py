@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="Memory-optimised training: checkpointing and operator choice by integer linear programming",
     python_requires=">=3.10",
-    packages=["monet", "monet.solver", "monet.profiling", "monet.zoo", "monet.zoo.models"],
+    packages=["monet", "monet.cli", "monet.impls", "monet.solver", "monet.profiling", "monet.zoo", "monet.zoo.models"],
     package_dir={
         "monet": "monet",
         "monet.solver": "solver",

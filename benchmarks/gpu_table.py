@@ -26,7 +26,7 @@ files in ``--work-dir``, so the solve can run on a laptop between two GPU sessio
    Writes ``WORK/MODEL/solutions/*.pkl`` and ``WORK/MODEL/solve.json``.
 3. **measure** (on ``--device``): plain PyTorch, each schedule (`monet.wrapper.MONeTWrapper`) and
    the peers (Chen's sqrt(n) checkpointing and ``torch.compile``'s activation memory budget,
-   `monet.profiling.peers`), each: peak allocated bytes of one forward+backward iteration after
+   `benchmarks/peers.py`), each: peak allocated bytes of one forward+backward iteration after
    warm-up (CUDA ``max_memory_allocated``; CPU: allocator events, `monet.profiling.memory`), peak
    reserved bytes (CUDA ``max_memory_reserved``, after ``torch.cuda.empty_cache()`` so earlier
    candidates' cached blocks do not count) and reserved / allocated (fragmentation), overhead
@@ -96,10 +96,10 @@ GPU: dict[str, Config] = {
 }
 
 
-def _small() -> dict[str, Config]:
-    """Tiny CPU configurations: the CPU benchmark's model widths (`monet.profiling.bench.CONFIGS`)
+def small_configs() -> dict[str, Config]:
+    """Tiny CPU configurations: the CPU benchmark's model widths (`CONFIGS` in `benchmarks/bench.py`)
     at smaller batches and inputs."""
-    from monet.profiling.bench import CONFIGS
+    from bench import CONFIGS
 
     image, budgets = (3, 64, 64), ("90%", "75%")
     out = {m: Config(m, 4, image, budgets, CONFIGS[m].kwargs) for m in ("resnet50", "mobilenet_v2", "googlenet")}
@@ -154,7 +154,7 @@ def _build(cfg: Config, device: str):
     return model.to(device), x.to(device)
 
 
-def _capture(cfg: Config, device: str):
+def capture_config(cfg: Config, device: str):
     """The joint graph of ``cfg``: on the meta device for fp32 (nothing of full size is allocated),
     on ``device`` itself under autocast (its casts differ between device types)."""
     import torch
@@ -218,7 +218,7 @@ def step_solve(cfg: Config, args, log: Log) -> dict:
     prof = _read_json(args.work_dir / cfg.model / "profile.json", "profile", cfg.model)
     target = prof["device"].split(":")[0]
     log(f"{cfg.model}: solve for {prof['device_name']}: capturing")
-    graph = _capture(cfg, target)
+    graph = capture_config(cfg, target)
     if graph.fingerprint != prof["fingerprint"]:
         raise BenchError(f"{cfg.model}: the graph captured here ({graph.fingerprint[:16]}) is not the profiled one "
                          f"({prof['fingerprint'][:16]}, torch {prof['torch']}): solve with the torch version and "
@@ -284,9 +284,9 @@ def step_measure(cfg: Config, args, log: Log) -> dict:
     """Measure plain PyTorch, every solved schedule and the peers on ``args.device``."""
     import torch
 
-    from monet.profiling.bench import _one_iteration_s, timed_repeats
+    from bench import one_iteration_s, timed_repeats
     from monet.profiling.check import compare_gradients, output_grad, overhead
-    from monet.profiling.peers import chen_sqrt_checkpoint, compile_with_activation_budget
+    from peers import chen_sqrt_checkpoint, compile_with_activation_budget
     from monet.profiling.profiler import device_name
     from monet.solution import load_solution
     from monet.wrapper import MONeTWrapper
@@ -312,7 +312,7 @@ def step_measure(cfg: Config, args, log: Log) -> dict:
     log(f"{cfg.model}: measure on {res['device_name']}: plain PyTorch")
     plain = dict(method="PyTorch", **_memory(model, x, g, amp), overhead=0.0)
     rows.append(plain)
-    repeats = args.repeats or timed_repeats(min(_one_iteration_s(model, x, g, amp) for _ in range(2)), 5)
+    repeats = args.repeats or timed_repeats(min(one_iteration_s(model, x, g, amp) for _ in range(2)), 5)
     res["repeats"] = repeats
     log(f"  plain: {plain['allocated_bytes'] / MiB:.1f} MiB allocated; {repeats} timed iterations per side")
     save()
@@ -378,9 +378,9 @@ _PUBLISHED_NAMES = {"ResNet-50": "resnet50", "GoogLeNet": "googlenet", "UNet": "
 
 def published() -> dict[str, dict]:
     """MONeT's published GPU row per zoo model (16 GB P100, fp32, PyTorch 1.5.1), parsed from the
-    table `monet.profiling.bench.GPU_TABLE` quotes: ``{"plain_gb": 15.06, "points": [(10.01,
+    table `GPU_TABLE` in `benchmarks/bench.py` quotes: ``{"plain_gb": 15.06, "points": [(10.01,
     0.0322), ...]}`` (GB = 2^30 bytes, overhead as a fraction), in budget order 10, 8, 6, 5 GB."""
-    from monet.profiling.bench import GPU_TABLE
+    from bench import GPU_TABLE
 
     out = {}
     for line in GPU_TABLE.splitlines()[2:]:
@@ -434,7 +434,7 @@ def model_frame(res: dict):
 
 def write_table(args) -> Path | None:
     """Rewrite ``args.out`` from every ``measure.json`` under the work dir; returns its path."""
-    from monet.profiling.bench import md_table
+    from monet.profiling.markdown import md_table
 
     if args.out is None:
         return None
@@ -502,7 +502,7 @@ def parse_args(argv=None):
     unknown = [n for n in names if n not in GPU]
     if unknown:
         p.error(f"unknown model(s) {unknown}: choose from {', '.join(GPU)}")
-    table = _small() if args.small else GPU
+    table = small_configs() if args.small else GPU
     args.configs = [table[n] for n in names]
     if args.budgets:
         budgets = tuple(b.strip() for b in args.budgets.split(",") if b.strip())

@@ -14,10 +14,10 @@ trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers m
    smallest feasible budget when that is higher (the row says so): measured peak, overhead
    (interleaved medians against plain PyTorch, `monet.profiling.check.step_overhead`) and the
    solver's predicted overhead;
-4. the peers: Chen's checkpointing (`monet.profiling.peers.checkpoint_blocks`: sqrt(n) segments of
+4. the peers: Chen's checkpointing (`checkpoint_blocks` in `benchmarks/peers.py`: sqrt(n) segments of
    a sequence of units, or each block of a transformer's block list; "n/a" with the reason where
    neither is found) and ``torch.compile``'s ``activation_memory_budget``
-   (`monet.profiling.peers.compile_with_activation_budget`): the budget among `COMPILE_BUDGETS`
+   (`compile_with_activation_budget` in `benchmarks/peers.py`): the budget among `COMPILE_BUDGETS`
    whose measured peak is closest to MONeT normal's is timed;
 5. the section `SECTION` of ``--out`` is replaced (or appended), the rest of the file kept, after
    every model, so an interrupted run keeps its rows.  An error is the model's row, not a crash.
@@ -30,7 +30,6 @@ import argparse
 import copy
 import datetime as _dt
 import gc
-import os
 import shlex
 import sys
 import time
@@ -40,8 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from monet.profiling import bench  # noqa: E402  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-from monet.profiling.bench import MiB, _err, _pct, machine, md_table, timed_repeats  # noqa: E402
+import bench  # noqa: E402  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
+from bench import MiB, error_text, machine, pct, timed_repeats  # noqa: E402
+
+from monet.profiling.markdown import md_table, write_section  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -110,7 +111,7 @@ class Bench:
         out = out or Measured()
         out.peak = step_peak(candidate, inputs)
         out.overhead, mc, mp = step_overhead(self.plain, candidate, inputs, repeats=repeats)
-        self.log(f"  {label}: {_mib(out.peak)} MiB, overhead {_pct(out.overhead)} "
+        self.log(f"  {label}: {_mib(out.peak)} MiB, overhead {pct(out.overhead)} "
                  f"(median {mc:.4f} s vs plain {mp:.4f} s)")
         return out
 
@@ -118,7 +119,7 @@ class Bench:
 def bench_model(res: Result, args, log, save) -> None:
     from monet.plan import prepare
     from monet.profiling.check import step_peak, training_step
-    from monet.profiling.peers import checkpoint_blocks, compile_with_activation_budget
+    from peers import checkpoint_blocks, compile_with_activation_budget
     from monet.solver.solve import min_budget
 
     b = Bench(res.model, res.batch, log)
@@ -151,7 +152,7 @@ def bench_model(res: Result, args, log, save) -> None:
             m.note = f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
             b.measure(f"MONeT {mode}", plan.wrap(sol, b.fresh()), inputs, res.repeats, m)
         except Exception as e:  # noqa: BLE001 - a failure is the cell's content
-            m.note = _err(e)
+            m.note = error_text(e)
             log(f"  MONeT {mode} failed: {m.note}")
         _release()
         save()
@@ -164,7 +165,7 @@ def bench_model(res: Result, args, log, save) -> None:
     except ValueError as e:
         res.chen.note = f"n/a: {e}"
     except Exception as e:  # noqa: BLE001
-        res.chen.note = _err(e)
+        res.chen.note = error_text(e)
     log(f"  Chen: {res.chen.note}")
     _release()
     save()
@@ -183,7 +184,7 @@ def bench_model(res: Result, args, log, save) -> None:
         b.measure(f"torch.compile {best:g}", compile_with_activation_budget(b.fresh(), best), inputs,
                   res.repeats, res.compiled)
     except Exception as e:  # noqa: BLE001
-        res.compiled.note = _err(e) + (f" (peaks measured: {peaks})" if peaks else "")
+        res.compiled.note = error_text(e) + (f" (peaks measured: {peaks})" if peaks else "")
         log(f"  torch.compile failed: {res.compiled.note}")
     torch._dynamo.reset()
     _release()
@@ -199,9 +200,9 @@ def _cell(m: Measured | None, plain: int | None, predicted: bool = False) -> str
         return ""
     if m.peak is None:
         return m.note
-    text = f"{_mib(m.peak)} ({m.peak / plain:.2f}x) @ {_pct(m.overhead)}"
+    text = f"{_mib(m.peak)} ({m.peak / plain:.2f}x) @ {pct(m.overhead)}"
     if predicted and m.predicted_overhead is not None:
-        text += f" (pred. {_pct(m.predicted_overhead)})"
+        text += f" (pred. {pct(m.predicted_overhead)})"
     return text
 
 
@@ -277,21 +278,6 @@ def section(results: list[Result], command: str, started: str, elapsed: float, f
         table(results), ""])
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace `SECTION` in ``path`` (up to the next ``## `` heading) with ``text``, or append it."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = old.splitlines()
-    if SECTION in lines:
-        start = lines.index(SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        lines[start:end] = text.splitlines()
-    else:
-        lines += [""] + text.splitlines()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines).rstrip("\n") + "\n")
-    os.replace(tmp, path)
-
-
 def parse_args(argv=None):
     import reach_models as rm
 
@@ -322,7 +308,8 @@ def main(argv=None) -> int:
     results: list[Result] = []
 
     def save(finished=False):
-        write_section(args.out, section(results, command, started, time.perf_counter() - t_start, finished))
+        write_section(args.out, section(results, command, started, time.perf_counter() - t_start, finished),
+                      SECTION)
 
     for name in args.models:
         res = Result(name, batch=args.batch or rm.TABLE_BATCH.get(name, rm.B))
@@ -335,7 +322,7 @@ def main(argv=None) -> int:
                 raise RuntimeError(reason)
             bench_model(res, args, log, save)
         except Exception as e:  # noqa: BLE001 - one model's failure is its row
-            res.error = _err(e)
+            res.error = error_text(e)
             log(f"  failed: {res.error}")
         res.seconds = time.perf_counter() - t0
         _release()

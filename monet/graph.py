@@ -61,11 +61,13 @@ def is_alias(node: fx.Node) -> bool:
     return False
 
 
-def _tensors(val) -> list[torch.Tensor]:
+def tensors_in(val) -> list[torch.Tensor]:
+    """The tensors of a node's ``meta["val"]``: ``[val]`` for a tensor, the tensors of a (nested)
+    list or tuple in order, ``[]`` for anything else (a SymInt, None)."""
     if isinstance(val, torch.Tensor):
         return [val]
     if isinstance(val, (list, tuple)):
-        return [t for v in val for t in _tensors(v)]
+        return [t for v in val for t in tensors_in(v)]
     return []
 
 
@@ -214,7 +216,7 @@ def _summary_line(node: fx.Node, index: dict[str, int]) -> str:
         return repr(a)
 
     val = node.meta.get("val")
-    shapes = ",".join(f"{tuple(t.shape)}:{str(t.dtype).replace('torch.', '')}" for t in _tensors(val))
+    shapes = ",".join(f"{tuple(t.shape)}:{str(t.dtype).replace('torch.', '')}" for t in tensors_in(val))
     args = ",".join(arg(a) for a in node.args)
     kwargs = ",".join(f"{k}={arg(v)}" for k, v in sorted(node.kwargs.items()) if k != "device")
     return f"{node.op} {op_name(node) if node.op == 'call_function' else node.target} ({args};{kwargs}) -> {shapes}"
@@ -260,7 +262,7 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
     for n in nodes:
         if n.op == "placeholder":
             val = n.meta.get("val")
-            nbytes = sum(tensor_bytes(t) for t in _tensors(val))
+            nbytes = sum(tensor_bytes(t) for t in tensors_in(val))
             alias_root[n.name] = n.name
             values[n.name] = Value(n.name, nbytes, "")
         elif n.op == "call_function":
@@ -272,13 +274,13 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
                     alias_root[n.name] = alias_root[parent.name]
                 else:  # one output of a multi-output op: it owns its storage
                     alias_root[n.name] = n.name
-                    values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in _tensors(n.meta["val"])),
+                    values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in tensors_in(n.meta["val"])),
                                            parent.name)
             elif is_alias(n):
                 src = n.args[0]
                 alias_root[n.name] = alias_root[src.name] if isinstance(src, fx.Node) else n.name
             else:
-                ts = _tensors(n.meta["val"])
+                ts = tensors_in(n.meta["val"])
                 multi = isinstance(n.meta["val"], (tuple, list))
                 alias_root[n.name] = n.name
                 if not multi:

@@ -9,8 +9,12 @@ simulator (`monet.simulate`) treats an in-place op as an alias of its input, so 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
+
+from monet.graph import is_alias
 
 aten = torch.ops.aten
 _INPLACE = {aten.relu.default: aten.relu_.default, aten.hardtanh.default: aten.hardtanh_.default,
@@ -26,6 +30,23 @@ def is_inplace(node: fx.Node) -> bool:
     return bool(returns) and all(r.alias_info is not None and r.alias_info.is_write for r in returns)
 
 
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node that allocated the storage ``node``'s output lives in: followed back through views
+    (`monet.graph.is_alias`, but not ``getitem``) and in-place ops (`is_inplace`) to their first
+    argument; an element of a list of views (``getitem`` of an aliasing op) has its list's root."""
+    while node.op == "call_function" and ((is_alias(node) and node.target is not operator.getitem)
+                                          or is_inplace(node)):
+        src = node.args[0]
+        if not isinstance(src, fx.Node):
+            break
+        node = src
+    if node.op == "call_function" and node.target is operator.getitem:
+        parent = node.args[0]
+        if is_alias(parent):  # an element of a list of views
+            return storage_root(parent)
+    return node
+
+
 def _same_layout(a, b) -> bool:
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
             and a.dtype == b.dtype and a.stride() == b.stride())
@@ -33,14 +54,12 @@ def _same_layout(a, b) -> bool:
 
 def make_inplace(graph: fx.Graph) -> int:
     """Rewrite eligible ops of ``graph`` to their in-place forms; returns how many were rewritten."""
-    from monet.simulate import _storage_root
-
     nodes = list(graph.nodes)
     pos = {n: k for k, n in enumerate(nodes)}
     last: dict[fx.Node, int] = {}
     for n in nodes:
         for a in n.all_input_nodes:
-            r = _storage_root(a)
+            r = storage_root(a)
             last[r] = max(last.get(r, -1), pos[n])
     count = 0
     for n in nodes:
@@ -53,7 +72,7 @@ def make_inplace(graph: fx.Graph) -> int:
             x = args[k] if k < len(args) else None
             if not isinstance(x, fx.Node):
                 continue
-            r = _storage_root(x)
+            r = storage_root(x)
             if (r.op != "call_function" or not (x is r or is_inplace(x)) or last.get(r) != pos[n]
                     or sum(a is x for a in args) != 1 or not _same_layout(x.meta.get("val"), n.meta.get("val"))):
                 continue

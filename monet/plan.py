@@ -199,9 +199,9 @@ class Plan:
             self._log(f"{what} take {reserved / 2**20:.1f} MiB: the schedule gets "
                       f"{(budget_bytes - reserved) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
             budget_bytes -= reserved
-        first = self.inputs.first
-        info = dict(model=self.name, batch_size=self.inputs.batch_size, input_shape=tuple(first.shape[1:]),
-                    dtype=str(first.dtype).removeprefix("torch."), device=self.device)
+        from monet.models import input_info
+
+        info = dict(model=self.name, device=self.device, **input_info(self.inputs, None))
         t0 = time.perf_counter()
         at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
         self._log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")

@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from monet.graph import OpGraph, TANGENT, _tensors, is_alias, tensor_bytes
-from monet.inplace import is_inplace
+from monet.graph import OpGraph, TANGENT, is_alias, tensor_bytes, tensors_in
+from monet.inplace import is_inplace, storage_root
 
 
 @dataclass
@@ -42,20 +42,6 @@ class SimResult:
     peak_at: str
 
 
-def _storage_root(node: fx.Node) -> fx.Node:
-    while node.op == "call_function" and ((is_alias(node) and node.target is not operator.getitem)
-                                          or is_inplace(node)):
-        src = node.args[0]
-        if not isinstance(src, fx.Node):
-            break
-        node = src
-    if node.op == "call_function" and node.target is operator.getitem:
-        parent = node.args[0]
-        if is_alias(parent):  # an element of a list of views
-            return _storage_root(parent)
-    return node
-
-
 def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
            live: dict[str, int]) -> tuple[int, str, dict[str, int]]:
     """Replay one FX graph; return (peak of tracked bytes, node at the peak, bytes live at the end).
@@ -72,7 +58,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
     last: dict[str, int] = {}
     for n in nodes:
         for a in n.all_input_nodes:
-            r = _storage_root(a).name
+            r = storage_root(a).name
             last[r] = max(last.get(r, -1), len(nodes) if n is out else pos[n])
     dies_at: dict[int, list[str]] = {}  # node position -> storages whose last reader it is
     for r, at in last.items():
@@ -87,7 +73,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
                 outs = {getitems.get(j, f"{n.name}#{j}"): tensor_bytes(t) if t is not None else 0
                         for j, t in enumerate(val) if isinstance(t, __import__("torch").Tensor)}
             else:
-                outs = {n.name: sum(tensor_bytes(t) for t in _tensors(val))}
+                outs = {n.name: sum(tensor_bytes(t) for t in tensors_in(val))}
             now = sum(live.values()) + sum(outs.values()) + max(0, int(workspace(n)))
             if now > peak:
                 peak, peak_at = now, n.name
@@ -146,7 +132,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
         return not graph.loss_output or (isinstance(val, torch.Tensor) and val.dim() == 0)
 
     held = {n.name for n in bw_inputs if n.name in primals or (n.name.startswith(TANGENT) and held_tangent(n))}
-    saved = {n.name: sum(tensor_bytes(t) for t in _tensors(n.meta.get("val"))) for n in bw_inputs
+    saved = {n.name: sum(tensor_bytes(t) for t in tensors_in(n.meta.get("val"))) for n in bw_inputs
              if n.name not in held}
     saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))
     bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved))

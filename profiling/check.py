@@ -69,7 +69,11 @@ def _backward(output, g: torch.Tensor | None) -> None:
         output.backward(g)
 
 
-def _iteration(model: nn.Module, x, g: torch.Tensor | None, autocast=None):
+def run_iteration(model: nn.Module, x, g: torch.Tensor | None, autocast=None) -> None:
+    """One training iteration without the optimizer: the parameters' gradients set to None, the
+    forward pass (``x`` a tensor, a tuple of positional inputs or a dict of keyword inputs; under
+    ``autocast``, a `monet.mixed_precision` setting, when given) and the backward pass from the output gradient ``g`` (None:
+    the output is a scalar loss)."""
     for p in model.parameters():
         p.grad = None
     _backward(_forward(model, x, autocast), g)
@@ -130,7 +134,7 @@ def grads_and_buffers(model: nn.Module, x, g: torch.Tensor | None, seed: int = 0
     names of the model it wraps.  ``x`` and ``g`` as `measure_iteration_peak` takes them.
     """
     torch.manual_seed(seed)
-    _iteration(model, x, g, autocast)
+    run_iteration(model, x, g, autocast)
     grads = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters()) if p.grad is not None}
     bufs = {i: b.detach().clone() for i, b in enumerate(model.buffers())}
     return grads, bufs
@@ -205,8 +209,8 @@ def overhead(plain: nn.Module, wrapped: nn.Module, x, g: torch.Tensor | None, re
     """(overhead fraction, median schedule time s, median plain time s), interleaved in one process;
     ``x`` and ``g`` as `measure_iteration_peak` takes them."""
     x, device = _inputs(x)
-    mw, mp = interleaved_medians(lambda: _iteration(wrapped, x, g, autocast), lambda: _iteration(plain, x, g, autocast),
-                                 repeats, warmup, device)
+    mw, mp = interleaved_medians(lambda: run_iteration(wrapped, x, g, autocast),
+                                 lambda: run_iteration(plain, x, g, autocast), repeats, warmup, device)
     return mw / mp - 1.0, mw, mp
 
 

@@ -244,7 +244,7 @@ class _Timer:
         return float(statistics.median(times))
 
 
-class _ProfilingInterpreter(fx.Interpreter):
+class ProfilingInterpreter(fx.Interpreter):
     """Runs the joint graph and measures each node that is a forward or backward `Node`'s op."""
 
     def __init__(self, graph: OpGraph, device: torch.device, repeats: int, warmup: int, pbar, source: str,
@@ -335,7 +335,7 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
             tqdm(total=total, disable=not progress, desc=f"profiling on {dev}", unit="op") as pbar:
         torch.manual_seed(0)
         args = joint_inputs(model, example_input, graph, dev)
-        interp = _ProfilingInterpreter(graph, dev, repeats, warmup, pbar, source, only)
+        interp = ProfilingInterpreter(graph, dev, repeats, warmup, pbar, source, only)
         interp.run(*args, enable_io_processing=False)
         del args
     by_name = {n.name: n for n in graph.joint.graph.nodes}

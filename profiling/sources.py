@@ -39,6 +39,18 @@ def device_spec(gpu_spec: str | None, device: str):
     return DeviceSpec.cpu_default()
 
 
+def gpu_spec_for_hybrid(device: str, fallback: str = "h100") -> str | None:
+    """The roofline preset for hybrid costs on ``device``: None where `device_spec` has a model of
+    it (the CPU, a GPU with a preset), else ``fallback``.  Hybrid costs measure the workspace on the
+    device itself; the roofline only ranks the recomputations, so any GPU's preset will do for one
+    without its own."""
+    try:
+        device_spec(None, device)
+    except ValueError:
+        return fallback
+    return None
+
+
 def with_measured_workspace(table: pd.DataFrame, model, inputs, graph, device: str,
                             cache_dir=None) -> pd.DataFrame:
     """``table`` with each operator's ``workspace_bytes`` from a quick profile (one timed run per

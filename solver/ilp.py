@@ -133,7 +133,7 @@ class _Problem:
         useful = np.zeros(N, dtype=bool)
         useful[gnode] = True
         need &= useful[None, :]
-        if not prune:  # MONeT's plain formulation, for contrast (`monet bench-solver`): R everywhere
+        if not prune:  # MONeT's plain formulation, for contrast (`benchmarks/bench_solver.py --plain`): R everywhere
             need = np.broadcast_to(useful[None, :], (T, N)).copy()
         allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need
         # forward edges at group level: node j reads group g
@@ -390,6 +390,11 @@ class _Problem:
         if self.m is None or self.m.value is None:
             return None
         return np.asarray(self.m.value) > 0.5
+
+
+# The public name (tests and tools build the ILP's variables and constraints with it); the module's
+# own functions keep the private one until the offload and attention branches are merged.
+Problem = _Problem
 
 
 @dataclass

@@ -62,7 +62,7 @@ def _check(work, profiles, out, device):
     # the profile lies where `monet zoo build` looks for it, named as the profile cache names it
     manifest = json.loads((work / MODEL / "profile.json").read_text())
     gt = _module()
-    graph = gt._capture(gt._small()[MODEL], device)
+    graph = gt.capture_config(gt.small_configs()[MODEL], device)
     found = find_profile(graph, profiles)
     assert found is not None and found == Path(manifest["profile"])
     assert found.name == cache_path(graph, device, profiles).name

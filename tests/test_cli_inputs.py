@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from monet.cli import _build, main
+from monet.cli import main
+from monet.models import build as _build
 from monet.inputs import SPEC_FORMAT, InputEntry, inputs_from_spec, parse_inputs_spec
 from monet.solution import Schedule, Solution, SolutionMeta, load_solution, save_solution
 from monet.zoo.models import example_input, get_model_and_inputs

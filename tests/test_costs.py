@@ -12,7 +12,7 @@ from monet.capture import capture
 from monet.profiling import profiler as profiler_mod
 from monet.profiling.costs import (COLUMNS, CostArrays, DeviceSpec, analytic_costs, costs_for,
                                    validate_costs)
-from monet.profiling.profiler import (_ProfilingInterpreter, cache_path, joint_inputs, load_costs,
+from monet.profiling.profiler import (ProfilingInterpreter, cache_path, joint_inputs, load_costs,
                                       load_or_profile, profile_costs, save_costs)
 
 N, CIN, H, W, COUT, K, CLASSES = 2, 3, 8, 8, 4, 3, 5
@@ -225,7 +225,7 @@ def test_random_op_runs_once_in_the_data_flow():
 
     torch.manual_seed(1)
     args = joint_inputs(model, x, graph, "cpu")
-    interp = _ProfilingInterpreter(graph, torch.device("cpu"), repeats=3, warmup=2, pbar=_Bar(), source="t")
+    interp = ProfilingInterpreter(graph, torch.device("cpu"), repeats=3, warmup=2, pbar=_Bar(), source="t")
     with torch.no_grad():
         out = interp.run(*args, enable_io_processing=False)
     assert len(out) == len(ref)

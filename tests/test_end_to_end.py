@@ -169,7 +169,7 @@ def test_full_mode_min_budget(setup):
     searches stopped by a 4 s wall-clock limit on shared cores.  It was below on every model while
     the ILP counted every recomputed value to the end of its stage; with the exact memory model
     this narrow ResNet's normal-mode answer (4,848,728 bytes) beat full mode's (4,932,440), and
-    GoogLeNet's did too (2,253,240 against 2,314,584).  `monet bench-solver` and BENCHMARKS.md
+    GoogLeNet's did too (2,253,240 against 2,314,584).  `benchmarks/bench_solver.py` and BENCHMARKS.md
     compare the modes."""
     _skip_large_in_ci(setup)
     least = _least(setup, FULL)
@@ -190,4 +190,4 @@ def test_full_mode_budget_fraction(setup, fraction):
     # Not asserted: full mode's time against normal mode's.  Both are searches stopped by a 4 s
     # wall-clock limit, and on 2 shared cores full mode's PyTorch-kernel candidate gets less of
     # it (GoogLeNet and MobileNetV2 here: 2-14 % slower schedules than normal mode's, run to run);
-    # `monet bench-solver` and BENCHMARKS.md compare the modes.
+    # `benchmarks/bench_solver.py` and BENCHMARKS.md compare the modes.

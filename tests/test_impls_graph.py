@@ -137,11 +137,11 @@ def test_store_input_and_output_change_what_the_backward_reads(net):
 
 def _allocated(gm) -> int:
     """Bytes a module's ops allocate in total (views and in-place ops allocate nothing)."""
-    from monet.graph import _tensors, is_alias, tensor_bytes
+    from monet.graph import is_alias, tensor_bytes, tensors_in
     from monet.inplace import is_inplace
 
     return sum(tensor_bytes(t) for n in gm.graph.nodes if n.op == "call_function" and not is_alias(n)
-               and not is_inplace(n) for t in _tensors(n.meta.get("val")))
+               and not is_inplace(n) for t in tensors_in(n.meta.get("val")))
 
 
 def test_inplace_keeps_gradients_and_allocates_less(net):

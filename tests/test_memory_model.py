@@ -39,7 +39,7 @@ def case(request):
 
 
 def _random_schedules(graph, mem, n, seed=0):
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     rng = np.random.default_rng(seed)
     for _ in range(n):
         keep = rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9)
@@ -65,7 +65,7 @@ def test_ilp_memory_tight_on_checkpoint_schedules(case):
     from monet.solver.repair import repaired_candidates
 
     _, _, graph, costs, mem = case
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     cands = repaired_candidates(graph, mem, None, P.allow_s)
     assert len(cands) >= 4
     for S, R, ilp_peak, _ in cands:
@@ -86,7 +86,7 @@ def test_ilp_memory_bounds_long_recomputation_chains_at_full_scale():
     graph = capture_config("resnet50", 184)
     costs = zoo_costs(graph).costs
     mem = memory_model(graph, costs)
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     for S, R, ilp_peak, _ in repaired_candidates(graph, mem, None, P.allow_s)[-3:]:
         fw, bw = build_modules(graph, schedule_from_matrices(graph, mem.group_to_node(S), R))
         sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
@@ -96,7 +96,7 @@ def test_ilp_memory_bounds_long_recomputation_chains_at_full_scale():
 
 def test_forward_expression_exact_when_everything_is_kept(case):
     _, _, graph, costs, mem = case
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "none")
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "none")
     S, R = repair(graph, mem, np.ones((P.T, P.G), dtype=bool), P.allow_s)
     fw, bw = build_modules(graph, schedule_from_matrices(graph, mem.group_to_node(S), R))
     sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace)
@@ -144,7 +144,7 @@ def test_ilp_memory_bounds_simulator_with_implementations(full_case):
 
     _, _, graph, costs, options, mem = full_case
     assert options and mem.n_options == len(options)
-    allow_s = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "full").allow_s
+    allow_s = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "full").allow_s
     rng = np.random.default_rng(3)
     for trial in range(12):
         M = np.zeros(mem.n_options)
@@ -152,7 +152,7 @@ def test_ilp_memory_bounds_simulator_with_implementations(full_case):
             M[opts[0] if trial == 0 else rng.choice(opts)] = 1
         g, c = chosen_graph(graph, costs, options, chosen_impls(options, M))
         m = memory_model(g, c)
-        P = ilp._Problem(g, m, np.zeros(len(g.fwd)), "normal" if trial else "none")
+        P = ilp.Problem(g, m, np.zeros(len(g.fwd)), "normal" if trial else "none")
         keep = rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9) if trial else np.ones((P.T, P.G), dtype=bool)
         S, R = repair(g, m, keep, P.allow_s)
         S_nodes = m.group_to_node(S)
@@ -181,7 +181,7 @@ def test_local_search_removes_recomputation_that_memory_allows(case):
     from monet.solver.solve import eager_peak
 
     _, _, graph, costs, mem = case
-    P = ilp._Problem(graph, mem, costs.fwd_recompute, "normal")
+    P = ilp.Problem(graph, mem, costs.fwd_recompute, "normal")
     eager = eager_peak(graph, costs)
     S, R, peak, cost = repaired_candidates(graph, mem, None, P.allow_s, costs.fwd_recompute)[2]
     assert cost > 0
@@ -223,7 +223,7 @@ def test_joint_model_counts_what_the_chosen_implementations_hold():
     none = np.zeros((T, len(graph.fwd)), dtype=bool)
     g, c = chosen_graph(graph, costs, options, impls)
     mem = memory_model(g, c)
-    Sc, Rc = repair(g, mem, np.ones((T, len(mem.groups)), dtype=bool), ilp._Problem(g, mem, c.fwd_recompute,
+    Sc, Rc = repair(g, mem, np.ones((T, len(mem.groups)), dtype=bool), ilp.Problem(g, mem, c.fwd_recompute,
                                                                                     "normal").allow_s)
     eager = eager_peak(graph, costs)
     assert joint.peak(S, none, M) == pytest.approx(mem.peak(Sc, Rc), rel=0.01, abs=0.01 * eager)
@@ -254,7 +254,7 @@ def test_unsafe_view_is_a_view_not_an_allocation():
                                              progress=False)["workspace_bytes"].values
     costs = costs_for(graph, table)
     mem = memory_model(graph, costs)
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.ones((P.T, P.G), dtype=bool), P.allow_s)
     sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
     fw, bw = build_modules(graph, sched)

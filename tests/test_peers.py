@@ -1,4 +1,4 @@
-"""The comparison methods (monet.profiling.peers): same gradients as plain PyTorch, documented BN behaviour."""
+"""The comparison methods (benchmarks/peers.py): same gradients as plain PyTorch, documented BN behaviour."""
 import copy
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from monet.profiling.check import output_grad, max_rel_diff, measure_iteration_peak
-from monet.profiling.peers import (checkpoint_blocks, chen_sqrt_checkpoint, compile_with_activation_budget,
+from peers import (checkpoint_blocks, chen_sqrt_checkpoint, compile_with_activation_budget,
                                    sequential_units)
 from monet.zoo.models import example_input, get_model
 

@@ -32,7 +32,7 @@ def _keep_nothing(model, x):
     graph = capture(model, x)
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    P = ilp._Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
     return graph, costs, schedule_from_matrices(graph, mem.group_to_node(S), R)
 
@@ -91,7 +91,7 @@ def test_generator_state_is_saved_only_for_recomputed_random_ops(recompute_all):
 
 
 def test_meta_graph_counts_the_cpu_generator_state():
-    """Graphs traced on the meta device (the zoo's and bench-solver's, solved for a GPU) count the
+    """Graphs traced on the meta device (the zoo's and benchmarks/bench_solver.py's, solved for a GPU) count the
     larger, CPU-sized state; executing a replay there is refused with a message."""
     from monet.rng import rng_state, state_meta
 

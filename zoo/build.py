@@ -406,7 +406,12 @@ def _build_worker(cfg: ZooConfig, ctx: _Ctx):
     return build_config(cfg, ctx)
 
 
-def _select(models=None, budgets=None) -> list[ZooConfig]:
+def select_configs(models=None, budgets=None) -> list[ZooConfig]:
+    """The zoo configurations of ``models`` (default all), with only ``budgets`` where given.
+
+    Raises:
+        ValueError: an unknown model or a malformed budget, before anything is solved.
+    """
     by_model = {c.model: c for c in CONFIGS}
     names = list(by_model) if not models else list(models)
     unknown = [m for m in names if m not in by_model]
@@ -445,7 +450,7 @@ def build(configs=None, *, root: Path | str | None = None, models=None, budgets=
     """
     root = Path(root) if root is not None else ZOO_DIR
     (root / SCHEDULES).mkdir(parents=True, exist_ok=True)
-    configs = list(configs) if configs is not None else _select(models, budgets)
+    configs = list(configs) if configs is not None else select_configs(models, budgets)
     index = {r["name"]: r for r in load_index(root)}
     ctx = _Ctx(root=root, time_limit=float(time_limit), gap=gap, solver=solver, solver_log=solver_log,
                existing=dict(index), skip_existing=skip_existing)
@@ -606,8 +611,8 @@ def plot_frontier(records: list[dict], out: Path | str) -> Path:
 
 
 def markdown_table(records: list[dict]) -> str:
-    """The zoo as a GitHub markdown table (`monet.profiling.bench.md_table`)."""
-    from monet.profiling.bench import md_table
+    """The zoo as a GitHub markdown table (`monet.profiling.markdown.md_table`)."""
+    from monet.profiling.markdown import md_table
 
     header = ["entry", "model (batch)", "budget", "predicted peak GiB", "plain peak GiB", "predicted overhead",
               "status", "gap", "solve s", "costs"]
@@ -643,7 +648,7 @@ def write_markdown(records: list[dict], markdown: Path | str, image: Path | str 
     to the markdown file's folder."""
     import os
 
-    from monet.profiling.bench_solver import write_section
+    from monet.profiling.markdown import write_section
 
     markdown = Path(markdown)
     rel = None

@@ -1,8 +1,8 @@
 """Solver benchmark at MONeT's full-scale configurations (issue 4): how big the ILP is, how long it
 takes, and how close to the bound its schedule is.
 
-    monet bench-solver [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC]
-                       [--time-limit 60] [--gap 0.02] [--plain] [--min-budget] [--out BENCHMARKS.md]
+    python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC]
+                                      [--time-limit 60] [--gap 0.02] [--plain] [--min-budget] [--out BENCHMARKS.md]
 
 Configurations (`CONFIGS`): MONeT's five CNNs at their batch sizes (input 3x224x224; UNet at the zoo
 model's input) and GPT-2 small at batch 8, sequence 1024, fp32.  Nothing runs on a device: the
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from monet.profiling.markdown import md_table, write_section
 from monet.zoo.build import BATCH as ZOO_BATCH
 
 CONFIGS = dict(ZOO_BATCH)  # model: batch size (MONeT, Table 2; GPT-2 small at 8), as the zoo builds them
@@ -144,25 +145,15 @@ def to_markdown(rows: list[dict], argv: list[str]) -> str:
     df["gap"] = df["gap"].map(lambda v: "-" if v is None or pd.isna(v) else f"{100 * v:.2f} %")
     df["peak_over_budget"] = df["peak_over_budget"].map(lambda v: "-" if v is None or pd.isna(v) else f"{v:.3f}")
     sources = sorted(set(df.pop("costs")))
-    head = (f"{SECTION}\n\n`monet bench-solver {' '.join(argv)}` on {_dt.date.today().isoformat()}, "
+    head = (f"{SECTION}\n\n`python benchmarks/bench_solver.py {' '.join(argv)}` on {_dt.date.today().isoformat()}, "
             f"mode {MODE}; costs: {', '.join(sources)}; times are wall clock on this machine's CPU.\n\n")
-    from monet.profiling.bench import md_table
-
     return head + md_table(list(df.columns), df.astype(str).values.tolist()) + "\n"
 
 
-def write_section(path: Path, text: str, section: str = SECTION) -> None:
-    """Replace (or append) the section headed ``section`` (default: the solver's) of ``path``."""
-    old = path.read_text() if path.exists() else ""
-    if section in old:
-        before, rest = old.split(section, 1)
-        nxt = rest.find("\n## ")
-        old = before + (rest[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(old.rstrip() + "\n\n" + text if old.strip() else text)
-
-
-def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="monet bench-solver", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python benchmarks/bench_solver.py",
+                                description=__doc__.split("\n\n")[0] + " Needs no GPU.")
     p.add_argument("--models", default=",".join(CONFIGS), help="comma-separated zoo models (batch from CONFIGS)")
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="percentages of the plain peak")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC")
@@ -186,7 +177,7 @@ def run(args, argv: list[str]) -> int:
 
     def save(current):
         if args.out:
-            write_section(args.out, to_markdown(rows + current, argv))
+            write_section(args.out, to_markdown(rows + current, argv), SECTION)
 
     for m in models:
         rows += bench_config(m, CONFIGS[m], budgets, args.solver, args.time_limit, args.gap, args.plain, save,

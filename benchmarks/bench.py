@@ -1,6 +1,6 @@
 """Benchmarks: MONeT's schedules against plain PyTorch and the peers, measured on CPU in one process.
 
-    python -m monet.profiling.bench [--models resnet50,vgg16,...] [--batch-size N] [--image-size S]
+    python benchmarks/bench.py [--models resnet50,vgg16,...] [--batch-size N] [--image-size S]
                                     [--seq-len L] [--time-limit SECONDS] [--repeats R]
                                     [--modes normal,inplace_conv_multiway_newnode] [--out BENCHMARKS.md]
 
@@ -22,7 +22,7 @@ For each zoo model, at a CPU-sized configuration (`CONFIGS`; ``--batch-size``, `
    `hybrid_cost_fn` (their operators measured once).  An infeasible budget is a table row, not a
    crash.
 4. **Peers**: Chen's sqrt(n) checkpointing and ``torch.compile`` with
-   ``activation_memory_budget`` 1.0, 0.5, 0.1 and 0.0 (`monet.profiling.peers`): measured peak and
+   ``activation_memory_budget`` 1.0, 0.5, 0.1 and 0.0 (`benchmarks/peers.py`): measured peak and
    overhead.  A failure is reported in its row.
 
 Memory is reported in MiB (2^20 bytes), overhead as (median time / median plain time - 1).  Under
@@ -54,6 +54,8 @@ if _OMP_PASSIVE_SET_HERE:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 import torch  # noqa: E402
+
+from monet.profiling.markdown import md_table  # noqa: E402
 
 MiB = 2 ** 20
 PERCENTS = (80, 60, 50)
@@ -153,7 +155,7 @@ class ModelResult:
     error: str = ""
 
 
-def _err(e: BaseException, width: int = 160) -> str:
+def error_text(e: BaseException, width: int = 160) -> str:
     text = " ".join(f"{type(e).__name__}: {e}".split())
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -167,27 +169,11 @@ def _release():
     gc.collect()
 
 
-def costs_with_profiled_workspace(model, x, graph, log):
-    """Analytic times, profiled workspace: the `CostArrays` the solver uses, and the table."""
-    from monet.profiling.costs import analytic_costs, costs_for
-    from monet.profiling.profiler import profile_costs
-
-    table = analytic_costs(graph)
-    prof = profile_costs(model, x, graph, "cpu", repeats=1, warmup=0, progress=False)
-    key = ["kind", "node", "impl"]
-    ws = prof.set_index(key)["workspace_bytes"]
-    table["workspace_bytes"] = ws.reindex(list(table.set_index(key).index)).to_numpy()
-    nonzero = int((table["workspace_bytes"] > 0).sum())
-    log(f"  workspace: {nonzero} of {len(table)} nodes have temporaries, largest "
-        f"{table['workspace_bytes'].max() / MiB:.1f} MiB")
-    return costs_for(graph, table), table
-
-
-def _one_iteration_s(model, x, g, autocast=None) -> float:
+def one_iteration_s(model, x, g, autocast=None) -> float:
     """Seconds of one training iteration (no synchronisation: CPU)."""
-    from monet.profiling.check import _iteration
+    from monet.profiling.check import run_iteration
     t0 = time.perf_counter()
-    _iteration(model, x, g, autocast)
+    run_iteration(model, x, g, autocast)
     return time.perf_counter() - t0
 
 
@@ -217,7 +203,9 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
     called after each, so a failure or a kill part-way keeps what was measured before it."""
     from monet.capture import capture
     from monet.profiling.check import measure_iteration_peak, output_grad
-    from monet.profiling.peers import chen_sqrt_checkpoint, compile_with_activation_budget
+    from monet.profiling.costs import analytic_costs, costs_for
+    from monet.profiling.sources import with_measured_workspace
+    from peers import chen_sqrt_checkpoint, compile_with_activation_budget
     from monet.solver.ilp import InfeasibleBudgetError
     from monet.solver.solve import eager_peak, min_budget, parse_budget, solve
     from monet.wrapper import MONeTWrapper
@@ -240,7 +228,10 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
     graph = capture(model, x)
     res.n_fwd, res.n_bwd = len(graph.fwd), len(graph.bwd)
     log(f"  graph: {res.n_fwd} forward, {res.n_bwd} backward nodes; profiling workspaces")
-    costs, table = costs_with_profiled_workspace(model, x, graph, log)
+    table = with_measured_workspace(analytic_costs(graph), model, x, graph, "cpu")
+    costs = costs_for(graph, table)
+    log(f"  workspace: {int((table['workspace_bytes'] > 0).sum())} of {len(table)} nodes have temporaries, "
+        f"largest {table['workspace_bytes'].max() / MiB:.1f} MiB")
     top = table.loc[table["workspace_bytes"].idxmax()]
     res.largest_workspace = (f"{top['workspace_bytes'] / MiB:.1f} MiB ({top['kind']} node {top['node']}, "
                              f"{str(top['op']).removeprefix('aten.')})")
@@ -248,7 +239,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
 
     log("  plain PyTorch")
     res.plain_measured = measure_iteration_peak(model, x, g)
-    one = min(_one_iteration_s(model, x, g) for _ in range(2))
+    one = min(one_iteration_s(model, x, g) for _ in range(2))
     res.repeats = timed_repeats(one, args.repeats)
     plain_row = Row("PyTorch", predicted=res.eager_sim, measured=res.plain_measured, overhead=0.0)
     res.rows.append(plain_row)
@@ -288,7 +279,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
         except Exception as e:  # noqa: BLE001 - reported in the table
             row.solve_s = time.perf_counter() - t0
             row.status = "error"
-            row.note = _err(e)
+            row.note = error_text(e)
             log(f"  {label}: solve failed: {row.note}")
             traceback.print_exc(file=sys.stderr)
             save()
@@ -310,8 +301,8 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
             wrapped = MONeTWrapper(model, sol, cfg.input_shape)
             _measure(res, row, model, wrapped, x, g, args.warmup, log)
         except Exception as e:  # noqa: BLE001
-            row.note = "; ".join(s for s in (row.note, "run failed: " + _err(e)) if s)
-            log(f"  {label}: run failed: {_err(e)}")
+            row.note = "; ".join(s for s in (row.note, "run failed: " + error_text(e)) if s)
+            log(f"  {label}: run failed: {error_text(e)}")
             traceback.print_exc(file=sys.stderr)
         wrapped = sol = None
         _release()
@@ -335,7 +326,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
                 row.note = f"first (compiling) call + peak measurement {row.first_call_s:.0f} s"
         except Exception as e:  # noqa: BLE001 - reported in the table
             row.status = "error"
-            row.note = _err(e)
+            row.note = error_text(e)
             log(f"  {label} failed: {row.note}")
             traceback.print_exc(file=sys.stderr)
         peer = None
@@ -354,20 +345,11 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
 # ----------------------------------------------------------------------------------------------
 
 
-def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
-    """A GitHub markdown table (no dependency on tabulate)."""
-    align = align or "l" * len(header)
-    sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _mib(b) -> str:
     return "" if b is None else f"{b / MiB:.1f}"
 
 
-def _pct(f, signed=True) -> str:
+def pct(f, signed=True) -> str:
     if f is None:
         return ""
     return f"{f * 100:+.1f} %" if signed else f"{f * 100:.2f} %"
@@ -381,9 +363,9 @@ def model_table(res: ModelResult) -> str:
         vs = "" if (r.measured is None or not res.plain_measured) else f"{r.measured / res.plain_measured:.2f}x"
         fits = {None: "", True: "yes", False: "**NO**"}[r.fits]
         rows.append([r.method, _mib(r.budget), _mib(r.predicted), _mib(r.measured), vs, fits,
-                     _pct(r.pred_error), _pct(r.overhead), "" if r.median_s is None else f"{r.median_s:.3f}",
+                     pct(r.pred_error), pct(r.overhead), "" if r.median_s is None else f"{r.median_s:.3f}",
                      "" if r.solve_s is None else f"{r.solve_s:.1f}", r.status,
-                     "" if r.gap is None else _pct(r.gap, signed=False), r.note])
+                     "" if r.gap is None else pct(r.gap, signed=False), r.note])
     return md_table(header, rows, "lrrrrlrrrrlll")
 
 
@@ -449,7 +431,7 @@ NOTES = """\
 - **Peers.** *Chen sqrt(n)*: `torch.utils.checkpoint` (use_reentrant=False, preserve_rng_state=True) on
   round(sqrt(n)) segments of the model's sequential units, cut as `checkpoint_sequential` cuts them;
   U-Net, which is not sequential, checkpoints each of its 9 encoder/decoder blocks individually
-  (`monet.profiling.peers`). Plain `torch.utils.checkpoint` updates BatchNorm running statistics a
+  (`benchmarks/peers.py`). Plain `torch.utils.checkpoint` updates BatchNorm running statistics a
   second time when it recomputes a segment (gradients are unaffected); the peer restores them around
   the recomputation (`restore_bn_stats=True`), which costs a copy of the BatchNorm buffers (KiB).
   *torch.compile budget b*: `torch.compile(model, backend="aot_eager_decomp_partition")` compiled
@@ -471,7 +453,7 @@ def observations(res: ModelResult) -> list[str]:
             obs.append(f"{r.method}: measured peak {_mib(r.measured)} MiB is ABOVE the budget {_mib(r.budget)} MiB.")
         if r.pred_error is not None and abs(r.pred_error) > 0.02:
             obs.append(f"{r.method}: predicted {_mib(r.predicted)} MiB vs measured {_mib(r.measured)} MiB "
-                       f"({_pct(r.pred_error)}), beyond the 2 % the design allows.")
+                       f"({pct(r.pred_error)}), beyond the 2 % the design allows.")
         if r.status == "error":
             obs.append(f"{r.method}: the solve failed ({r.note}).")
         if r.status == "infeasible" and r.note.startswith("smallest feasible"):
@@ -499,7 +481,7 @@ def observations(res: ModelResult) -> list[str]:
     plain = res.rows[0] if res.rows and res.rows[0].method == "PyTorch" else None
     if plain is not None and plain.pred_error is not None and abs(plain.pred_error) > 0.02:
         obs.append(f"Plain PyTorch: simulated {_mib(plain.predicted)} MiB vs measured {_mib(plain.measured)} MiB "
-                   f"({_pct(plain.pred_error)}).")
+                   f"({pct(plain.pred_error)}).")
     measured = [r for r in monet if r.measured is not None]
     if measured:
         best = min(measured, key=lambda r: r.measured)
@@ -517,7 +499,7 @@ def write_markdown(path: Path, results: list[ModelResult], args, command: str, s
                    elapsed: float, finished: bool) -> None:
     mach = machine()
     out = ["# Benchmarks", "",
-           f"Generated by `monet.profiling.bench` on {started} (UTC); "
+           f"Generated by `benchmarks/bench.py` on {started} (UTC); "
            f"{'completed' if finished else 'INCOMPLETE (run still going or interrupted)'} in "
            f"{elapsed / 60:.1f} min.", "",
            "```", command, "```", "",
@@ -558,7 +540,7 @@ def write_markdown(path: Path, results: list[ModelResult], args, command: str, s
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m monet.profiling.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(CONFIGS),
                    help=f"comma-separated zoo names (default: {','.join(CONFIGS)})")
     p.add_argument("--batch-size", type=int, default=None, help="override every model's batch size")
@@ -599,7 +581,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     log = Log()
     argv_list = sys.argv[1:] if argv is None else list(argv)
-    command = "python -m monet.profiling.bench" + ("" if not argv_list else " " + shlex.join(argv_list))
+    command = "python benchmarks/bench.py" + ("" if not argv_list else " " + shlex.join(argv_list))
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -613,9 +595,9 @@ def main(argv=None) -> int:
             bench_model(res, args, log, save=lambda: write_markdown(
                 out, results, args, command, started, time.perf_counter() - t0, finished=False))
         except Exception as e:  # noqa: BLE001 - the other models still run
-            log(f"{name} failed: {_err(e)}")
+            log(f"{name} failed: {error_text(e)}")
             traceback.print_exc(file=sys.stderr)
-            res.error = _err(e, 400)
+            res.error = error_text(e, 400)
             res.seconds = time.perf_counter() - t_model
         _release()
         write_markdown(out, results, args, command, started, time.perf_counter() - t0, finished=False)

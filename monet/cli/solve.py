@@ -1,0 +1,151 @@
+"""monet solve: capture a model, cost its operators, solve the ILP at a budget, write a solution file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from monet.cli.common import (CLIError, add_model_args, autocast_dtype, build_and_capture, check_inputs_spec,
+                              cost_arrays, cost_fn_for, costs_table, fmt_size, log, parse_budget_arg, parse_shape,
+                              print_json, reported, resolve_device, solution_fields, timed_step)
+
+
+EPILOG = """\
+examples:
+  monet solve resnet50 --batch-size 184 --budget 6GB -o resnet50_184.pkl
+  monet solve resnet50 --batch-size 32 --input-shape 3,128,128 --budget 50% --json -o r50.pkl
+  monet solve "torchvision.models.resnet50()" --batch-size 64 --min-budget -o r50_min.pkl
+  monet solve my_net.py:build --batch-size 16 --input-shape 3,64,64 --budget 300MiB -o my_net.pkl
+  monet solve resnet50 --batch-size 184 --budget 6GB --cost analytic --gpu-spec p100 -o r50_p100.pkl
+  monet solve resnet50 --batch-size 32 --input-shape 3,128,128 --budget 50% --autocast bf16 -o r50_bf16.pkl
+  monet solve lm.py:build --batch-size 8 --budget 50% -o lm.pkl \\
+      --inputs "input_ids=128:int64:50257,attention_mask=128:int64:2,labels=128:int64:50257"
+  monet solve lm.py:build_with_inputs --budget 50% -o lm.pkl   # build_with_inputs() -> (model, inputs)
+
+MODEL "path/to/file.py:factory": factory() returns the nn.Module, or (model, example_inputs) with
+example_inputs a tensor, a tuple of positional or a dict of keyword arguments (the first tensor's
+first dimension is the batch; --batch-size may be left out). --inputs gives inputs of any names,
+dtypes and shapes to any MODEL: --inputs "input_ids=128:int64:50257" calls
+model(input_ids=<(B, 128) int64 in [0, 50257)>); --inputs 3x64x64 equals --input-shape 3,64,64.
+A model whose output is not a tensor (ModelOutput, dict) is trained through its "loss".
+
+Progress goes to stderr; a summary of the solution to stdout (with --json, then one JSON line:
+status (optimal, time_limit or heuristic), objective, bound, gap, solve_time_s, budget_bytes,
+predicted_peak_bytes, eager_peak_bytes, output ...). A budget below the smallest feasible one exits
+with status 2 and names that budget.
+"""
+
+
+HELP = "solve the ILP for a model, batch size and budget"
+DESCRIPTION = ("Capture MODEL, cost every operator, solve MONeT's ILP at a memory\n"
+               "budget and write the schedule to a solution file.")
+
+
+def add_arguments(p) -> None:
+    """The options of ``monet solve`` on its parser ``p``."""
+    add_model_args(p)
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--budget", metavar="BUDGET",
+                        help='memory budget: "6GB" (6 x 2^30 bytes), "6GiB", "6000MiB", bytes, or '
+                             '"50%%" of plain PyTorch\'s simulated peak')
+    budget.add_argument("--min-budget", action="store_true",
+                        help="solve at the smallest feasible budget (found by a first ILP)")
+    p.add_argument("--mode", default="inplace_conv_multiway_newnode",
+                   help="what the ILP may choose (MONeT's modes): none (keep everything: plain PyTorch), "
+                        "normal (recompute or store), or tokens joined by '_': conv (convolution "
+                        "algorithms), multiway (store a node's input or output), newnode (compact "
+                        "values: 1-bit ReLU/dropout masks, 4-bit max-pool offsets), inplace (ReLU and add "
+                        "overwrite their input). Default: inplace_conv_multiway_newnode (all; 'full')")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="solver time limit in seconds; the best schedule found by then is kept")
+    p.add_argument("--gap", type=float, default=0.02, metavar="FRACTION",
+                   help="stop once the schedule is proven within this fraction of the best bound (0: optimal)")
+    p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
+                   help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
+    p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
+                   help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, deterministic, "
+                        "needs no device, but counts no kernel workspace, so the measured peak can "
+                        "exceed the budget by the kernels' temporaries; hybrid: analytic times, "
+                        "workspace from a quick run of every operator on --device (cached); "
+                        "profile: times and workspace measured on --device (cached)")
+    p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
+    p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
+                   help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
+                        "or float16) (fp16 on CUDA only); the solution then runs only inside that "
+                        "autocast (default: no autocast)")
+    p.add_argument("--gpu-spec", default=None, metavar="NAME",
+                   help="roofline preset for --cost analytic: p100, v100, a100, h100, h100-pcie, "
+                        "h200 (default: the CPU's, or the visible GPU's with --device cuda)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="profile cache (default ~/.cache/monet/profiles)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="solution file to write")
+
+
+
+def run(args) -> int:
+    """Solve ``args`` (the parsed ``monet solve`` options), write the solution file; 0 on success.
+
+    Raises:
+        CLIError: a bad argument, a model that cannot be built or traced, no schedule in time.
+    """
+    from monet.models import input_info
+    from monet.solution import describe, save_solution
+    from monet.impls import mode_tokens
+    from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
+
+    with reported():
+        mode_tokens(args.mode)
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
+    shape = parse_shape(args.input_shape)
+    spec = check_inputs_spec(args.inputs)
+    budget = None
+    if args.budget is not None and not args.budget.strip().endswith("%"):
+        budget = parse_budget_arg(args.budget)  # fail before the slow steps; "50%" needs the peak
+    import torch
+
+    # --cost analytic needs no device: a schedule for a GPU can be solved on a laptop
+    device = resolve_device(args.device) if args.cost != "analytic" else args.device
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise CLIError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    on = device if (device == "cpu" or torch.cuda.is_available()) else "cpu"
+    amp = autocast_dtype(args.autocast, device, on)
+
+    model, x, graph = build_and_capture(args.model, args.batch_size, shape, on, spec, amp,
+                                        building=f"building {args.model}")
+    with timed_step(f"costing ({args.cost})") as s:
+        table = costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
+        costs = cost_arrays(graph, table)
+        s["note"] = f"plain iteration {1e3 * costs.total_time:.1f} ms predicted"
+    cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec)
+    if args.cost == "analytic":
+        log("note: analytic costs count no kernel workspace, so the measured peak can exceed the "
+             "budget by the kernels' temporaries; --cost hybrid or --cost profile measure them")
+    eager = eager_peak(graph, costs)
+    log(f"plain PyTorch's simulated peak: {fmt_size(eager)} ({eager} bytes)")
+    info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
+    try:
+        if args.min_budget:
+            with timed_step(f"finding the smallest feasible budget ({args.solver}, "
+                            f"time limit {args.time_limit:g} s)") as s:
+                budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit,
+                                            device.split(":")[0], cost_fn, progress=log)
+                lower = min_budget_lower(graph, costs, args.mode, args.solver, args.time_limit,
+                                         device.split(":")[0], cost_fn)  # the same search, cached
+                s["note"] = f"{fmt_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
+                    "" if proven or lower is None else f"; no schedule below {fmt_size(lower)} (LP bound)")
+        elif budget is None:
+            budget = parse_budget_arg(args.budget, eager)
+        with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "
+                        f"{args.solver}, time limit {args.time_limit:g} s") as s:
+            sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
+                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap)
+            s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
+    except RuntimeError as e:  # the solver found no schedule in time
+        raise CLIError(str(e)) from None
+    save_solution(sol, output)
+    log(f"wrote {output}")
+    print(describe(sol))
+    if args.json:
+        print_json({**solution_fields(sol.meta), "output": str(output)})
+    return 0
