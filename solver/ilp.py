@@ -244,7 +244,7 @@ class _Problem:
                 cons.append(sel(kk, len(oi)) @ self.o <= sel(tt * G + oi[kk], TG) @ Sf)
                 # R[t, j] + O[g] <= 1 for t < prefetch, j = g's node or a forward reader of it
                 pairs = [(k, t, j) for k, g in enumerate(oi) for t in range(int(off.prefetch[g]))
-                         for j in off.readers[g] if allow_r[t, j]]
+                         for j in np.flatnonzero(off.readers[g]) if allow_r[t, j]]
                 if pairs and self.r is not None:
                     pk, pt, pj = (np.array(c, dtype=int) for c in zip(*pairs))
                     cons.append(sel(pt * N + pj, TN) @ Rf + sel(pk, len(oi)) @ self.o <= 1)
@@ -842,8 +842,11 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         status = "heuristic"
     if mode == "none":
         S = S | P.allow_s
-    if mem.offload is not None and O is None:
+    if mem.offload is not None and O is None:  # a heuristic schedule: its effective offloads, less
+        # those the budget does not need (in the ILP's memory, which bounds the simulator's)
         O = mem.offload.effective(S, R)
+        O = mem.offload.trimmed(O, lambda O2: mem.peak(S, R, O=O2) <= budget,
+                                time.perf_counter() + max(1.0, 0.05 * time_limit))
     S = mem.group_to_node(S)
     if status == "heuristic" and M is not None:  # the start: recomputation + PyTorch's implementations
         obj = start[1] + float(P.opt_time @ M) + constant_s

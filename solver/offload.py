@@ -72,8 +72,8 @@ class OffloadModel:
         x: (G,) seconds per copy; c_out, c_in: (G,) seconds of each copy not hidden by compute.
         fwd_total, bwd_total: seconds of forward and backward compute (no recomputation).
         nbytes: (G,) bytes of each group.
-        readers: (G,) lists of forward node ids: g's node and its forward readers (recomputing one
-            of them in a stage before ``prefetch[g]`` would need g on the device).
+        readers: (G, N) bool: g's node and its forward readers (recomputing one of them in a stage
+            before ``prefetch[g]`` would need g on the device).
         n_fwd, n_bwd: N and T.
     """
 
@@ -90,7 +90,7 @@ class OffloadModel:
     fwd_total: float
     bwd_total: float
     nbytes: np.ndarray
-    readers: list
+    readers: np.ndarray
     n_fwd: int
     n_bwd: int
 
@@ -110,16 +110,15 @@ class OffloadModel:
 
     def effective(self, S: np.ndarray, R: np.ndarray | None = None) -> np.ndarray:
         """(G,) bool: the allowed groups a heuristic schedule offloads: kept (S (T, G)) at the start of
-        every stage before their prefetch stage, and, in those stages, neither recomputed nor read by
-        a recomputation (R (T, N))."""
+        every stage before their prefetch stage (stage 0 at least), and, in those stages, neither
+        recomputed nor read by a recomputation (R (T, N))."""
         S = np.asarray(S) > 0.5
-        out = self.allowed & self.candidate & S[0]
-        for g in np.flatnonzero(out):
-            p = int(self.prefetch[g])
-            if p and not S[:p, g].all():
-                out[g] = False
-            elif p and R is not None and (np.asarray(R)[:p][:, self.readers[g]] > 0.5).any():
-                out[g] = False
+        last = np.maximum(self.prefetch - 1, 0)
+        cols = np.arange(self.n_groups)
+        out = self.allowed & self.candidate & np.logical_and.accumulate(S, axis=0)[last, cols]
+        if R is not None and out.any():
+            early = np.logical_or.accumulate(np.asarray(R) > 0.5, axis=0)[last]  # (G, N): R before prefetch
+            out &= ~((early & self.readers).any(axis=1) & (self.prefetch > 0))
         return out
 
     def cost(self, O: np.ndarray) -> float:
@@ -149,6 +148,23 @@ class OffloadModel:
         import dataclasses
 
         return dataclasses.replace(self, allowed=np.asarray(allowed, dtype=bool) & self.candidate)
+
+    def trimmed(self, O: np.ndarray, fits, deadline: float | None = None) -> np.ndarray:
+        """O (G,) without the offloads whose copies cost time and that ``fits(O) -> bool`` (the
+        schedule's peak within its budget) does not need: the largest copies are dropped first,
+        while the cost is above 0 and until ``deadline`` (a `time.perf_counter` value).  Heuristic
+        schedules offload every allowed value they keep (`effective`); this takes back the copies
+        the budget does not need."""
+        import time
+
+        O = np.asarray(O, dtype=bool).copy()
+        for g in np.flatnonzero(O)[np.argsort(-self.x[O], kind="stable")]:
+            if self.cost(O) <= 0 or (deadline is not None and time.perf_counter() > deadline):
+                break
+            O[g] = False
+            if not fits(O):
+                O[g] = True
+        return O
 
     def entries(self, O: np.ndarray) -> tuple[tuple[str, int, int], ...]:
         """The schedule's offload entries (`monet.solution.Schedule.offload`) of O (G,):
@@ -217,10 +233,14 @@ def build_offload_model(graph: OpGraph, mem, fwd_time: np.ndarray, bwd_time: np.
         p = max(0, min(p, f - 1)) if f > 0 else 0
         prefetch[g] = p
         c_in[g] = max(0.0, x[g] - (cum_b[f] - cum_b[p]))
-    readers: list = [[] for _ in range(G)]
+    # a value released at the end of the forward pass and fetched before stage 0 saves nothing
+    candidate &= (release < N - 1) | (prefetch > 0)
+    x = np.where(candidate, x, 0.0)
+    c_out, c_in = np.where(candidate, c_out, 0.0), np.where(candidate, c_in, 0.0)
+    readers = np.zeros((G, N), dtype=bool)
     for g in np.flatnonzero(candidate):
-        i = int(mem.group_node[g])
-        readers[g] = sorted({i} | {n.id for n in graph.fwd if value[g] in n.reads})
+        readers[g, int(mem.group_node[g])] = True
+        readers[g, [n.id for n in graph.fwd if value[g] in n.reads]] = True
     return OffloadModel(bandwidth=float(bandwidth), candidate=candidate, allowed=candidate.copy(), value=value,
                          release=release, first=first, prefetch=prefetch, x=x, c_out=c_out, c_in=c_in,
                          fwd_total=float(fwd_time.sum()), bwd_total=float(bwd_time.sum()), nbytes=nbytes,
