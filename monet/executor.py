@@ -8,6 +8,10 @@ Given the joint graph of a model and a schedule, `build_modules` produces
   fresh FX node: the forward op copied from the joint graph), then the stage's backward node;
   forward values a stage releases are not referenced afterwards.
 
+A value the schedule offloads (`Schedule.offload`, `monet.offload`) is copied to the host after its
+last forward use and saved as that host copy; the backward module copies it back at the start of its
+prefetch stage and waits for the copy where it is first read.
+
 FX frees every value after its last use, and the backward module uses the boxed calling
 convention, so the kept tensors are freed inside the backward pass, after their last use, instead
 of at its end.  `monet.simulate` replays the same two modules to predict the peak.
@@ -176,6 +180,13 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             available.pop(i, None)
             kept_from_forward.discard(i)
 
+    for v, copy in prefetched.items():
+        if not copy.users:  # never read (its node recomputed where it is read): not offloaded, not saved
+            host = copy.args[0]
+            body.erase_node(copy)
+            body.erase_node(host)
+            saved.remove(v)
+            del placeholders[v]
     out = next(n for n in joint.graph.nodes if n.op == "output")
     grads = list(out.args[0])[graph.num_fwd_outputs:]
     body.output(tuple(lookup(g) if isinstance(g, fx.Node) else g for g in grads))

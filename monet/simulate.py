@@ -8,6 +8,10 @@ are freed the same way (boxed calling convention).  Constant bytes: parameters, 
 input for the whole iteration, the gradient of the outputs (allocated by the caller), and the
 outputs themselves, which the caller holds during the backward pass.
 
+Offloaded values (`monet.offload`) are on the host between ``offload`` and ``prefetch``: the
+outputs of ``offload`` / ``offload_done`` and the backward module's host inputs count 0 bytes,
+``prefetch`` allocates the value again, ``fetched`` is an alias of it.
+
 Peak memory here is the quantity DESIGN.md measures: bytes allocated by tensors during one forward
 plus backward, after warm-up, with parameter gradients set to None beforehand.
 """

@@ -48,11 +48,12 @@ import torch
 
 from monet.graph import OpGraph
 
-# Bytes per second, one direction, for the predicted tables.  PCIe 5.0 x16 is 64 GB/s theoretical
-# (63 after encoding); pinned host<->device copies on H100 PCIe / SXM hosts measure 50-55 GB/s
-# (NVIDIA's bandwidthTest as reported in vendor briefs); 50e9 is used.  PCIe 4.0 x16 hosts (A100)
-# measure about 25 GB/s.  GH200's NVLink-C2C is 900 GB/s both ways together, 450 GB/s each way
-# (NVIDIA Grace Hopper data sheet); about 375-400 GB/s is measured, and 400e9 is used.
+# Bytes per second, one direction, for the predicted tables; assumptions, not measured here (no GPU in
+# the session that wrote them; `monet.profiling.bandwidth.measure_host_bandwidth` measures one).
+# PCIe 5.0 x16: 64 GB/s theoretical (63 after 128b/130b encoding); pinned host<->device copies
+# reach about 80 % of a link's theoretical rate in CUDA's bandwidthTest, so 50e9.  PCIe 4.0 x16
+# (A100 hosts): 32 GB/s theoretical, 25e9.  GH200's NVLink-C2C: 900 GB/s total, 450 GB/s each way
+# (NVIDIA's Grace Hopper data sheet); 400e9, about the same fraction of it.
 DEFAULT_BANDWIDTHS = {"pcie4": 25e9, "pcie5": 50e9, "nvlink-c2c": 400e9}
 
 
