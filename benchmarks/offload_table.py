@@ -123,7 +123,18 @@ def section(rows: list[dict], command: str, started: str, elapsed: float, finish
         "pinned copies; 64 GB/s theoretical), GH200's NVLink-C2C 400 GB/s (450 GB/s per direction in the data "
         "sheet). Where a GPU is available: measured peak, overhead and gradient error of these schedules are "
         "not measured yet (no GPU in the session that wrote this; the CUDA path's test is marked `cuda`).", "",
-        table, ""])
+        table, "",
+        "How to read it: above `solver.ilp.LARGE` variables (both models) no MIP solver runs; every schedule "
+        "is a local search's, stopped by its wall-clock limit on cores shared with other jobs, so the same "
+        "row moves by several points between runs, and an offload row can come out slower than the "
+        "recompute-only one at a loose budget (its solve splits the limit over two offload policies, "
+        "`solver.solve._solve_offload_policies`). The robust signal is where the copies are free: at "
+        "NVLink-C2C rates the forward and backward compute hide every copy, so keeping everything and "
+        "offloading what does not fit costs nothing; at PCIe rates they hide about 1.5-2 GiB per pass on "
+        "these H100 iteration times (50 GB/s x 33-44 ms of forward compute), so offload changes little and "
+        "recomputation does the rest. The cost model assumes a copy overlaps compute without slowing it "
+        "(copies and kernels share the GPU's memory bandwidth, which is not modelled), so the +0.00 % rows "
+        "are optimistic until measured.", ""])
 
 
 def parse_args(argv=None):

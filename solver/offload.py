@@ -41,6 +41,7 @@ accounting, not to save time.  Bandwidths: `DEFAULT_BANDWIDTHS`; measure one wit
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,10 +156,11 @@ class OffloadModel:
         schedule's peak within its budget) does not need: the largest copies are dropped first,
         while the cost is above 0 and until ``deadline`` (a `time.perf_counter` value).  Heuristic
         schedules offload every allowed value they keep (`effective`); this takes back the copies
-        the budget does not need."""
-        import time
-
+        the budget does not need (none when ``fits`` rejects O itself: the schedule then fits only
+        by the simulator, not by the ILP's memory that ``fits`` may be)."""
         O = np.asarray(O, dtype=bool).copy()
+        if self.cost(O) <= 0 or not fits(O):
+            return O
         for g in np.flatnonzero(O)[np.argsort(-self.x[O], kind="stable")]:
             if self.cost(O) <= 0 or (deadline is not None and time.perf_counter() > deadline):
                 break
