@@ -127,6 +127,39 @@ def test_ilp_and_simulator_agree_on_offloaded_bytes(setup):
     assert simulated_peak_fn(graph, costs, mem)(S, R) == moved.peak_bytes  # effective offloads by default
 
 
+def test_unread_offload_is_not_made(setup):
+    """A kept value whose node the schedule recomputes where it is read is never fetched back: the
+    executor then neither offloads nor saves it, so offloading it never raises the peak."""
+    graph, costs = setup["graph"], setup["costs"]
+    mem = memory_model(graph, costs, FAST)
+    off = mem.offload
+    g = int(next(g for g in np.flatnonzero(off.candidate) if off.prefetch[g] >= 1))
+    T, G, N = len(graph.bwd), len(mem.groups), len(graph.fwd)
+    S, R = np.ones((T, G), dtype=bool), np.zeros((T, N), dtype=bool)
+    R[off.first[g], mem.group_node[g]] = True
+    O = np.zeros(G, dtype=bool)
+    O[g] = True
+    peaks = []
+    for entries in ((), off.entries(O)):
+        fw, bw = build_modules(graph, schedule_from_matrices(graph, mem.group_to_node(S), R, entries))
+        assert off.value[g] not in {n.name for n in bw.graph.find_nodes(op="placeholder")}
+        peaks.append(simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes)
+    assert peaks[1] == peaks[0]
+
+
+def test_old_solution_files_load_without_offload(setup, tmp_path):
+    """A solution written before the offload fields existed loads with no offload."""
+    sol = solve(setup["graph"], setup["costs"], None, "none")
+    del sol.schedule.__dict__["offload"], sol.meta.__dict__["offload_bandwidth"]
+    path = tmp_path / "old.pkl"
+    save_solution(sol, path)
+    old = load_solution(path)
+    assert old.schedule.offload == () and old.meta.offload_bandwidth is None
+    fw, bw = build_modules(setup["graph"], old.schedule)
+    assert simulate(setup["graph"], fw, bw, setup["costs"].fwd_workspace,
+                    setup["costs"].bwd_workspace).peak_bytes == setup["eager"]
+
+
 def test_offload_windows_and_cost(setup):
     """At a bandwidth that hides every copy, each value leaves after the node that follows its last
     forward reader and comes back one stage before its first backward reader, at no cost; at a slow
