@@ -6,6 +6,9 @@ Every solver here has one signature, ``solve_x(graph, costs, budget, ...) -> Sol
 * `solve_none`: keep everything, recompute nothing (plain PyTorch);
 * `solve_normal`: MONeT's ILP, recompute-or-store (`monet.solver.ilp`);
 * `solve_full`: the ILP choosing operator implementations too (MONeT's other modes).
+
+``offload_bandwidth`` (bytes/s) makes offload to host memory a third choice of the normal-mode ILP
+(`monet.solver.offload`; off by default and on CPU).
 """
 from __future__ import annotations
 
