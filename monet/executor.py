@@ -8,6 +8,10 @@ Given the joint graph of a model and a schedule, `build_modules` produces
   fresh FX node: the forward op copied from the joint graph), then the stage's backward node;
   forward values a stage releases are not referenced afterwards.
 
+A value the schedule offloads (`Schedule.offload`, `monet.offload`) is copied to the host after its
+last forward use and saved as that host copy; the backward module copies it back at the start of its
+prefetch stage and waits for the copy where it is first read.
+
 FX frees every value after its last use, and the backward module uses the boxed calling
 convention, so the kept tensors are freed inside the backward pass, after their last use, instead
 of at its end.  `monet.simulate` replays the same two modules to predict the peak.
@@ -20,6 +24,7 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from monet.graph import OpGraph, TANGENT, is_alias
+from monet import offload as offload_ops
 from monet.inplace import make_inplace
 from monet.rng import STATE_PREFIX, Replay, random_op_device, rng_state, state_meta
 from monet.solution import Schedule
@@ -89,6 +94,13 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             if n.name in env:
                 return env[n.name]
             if fid in kept_from_forward and n.name in graph.fwd[fid].saved:
+                if n.name in offloaded:  # on the host until its prefetch stage (`monet.offload`)
+                    if n.name not in prefetched:
+                        raise ScheduleError(f"backward stage {stage_of['t']} reads {n.name}, which the schedule "
+                                            f"offloads to the host until stage {offloaded[n.name]}")
+                    env[n.name] = body.call_function(offload_ops.fetched, (prefetched[n.name],))
+                    env[n.name].meta = {"val": nodes[n.name].meta.get("val"), "monet": ("offload", fid)}
+                    return env[n.name]
                 # a kept value: saved by the forward only if some stage reads it
                 env[n.name] = placeholder(n.name)
                 return env[n.name]
@@ -127,9 +139,22 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
     kept_from_forward = set(schedule.saved)
     for i in schedule.saved:
         available[i] = {}
+    # offloaded values (`monet.offload`): a host placeholder and the copy back at the start of
+    # their prefetch stage, if the schedule still keeps their node then
+    offloaded = {v: p for v, _, p in schedule.offload}
+    prefetched: dict[str, fx.Node] = {}
 
     for t, stage in enumerate(schedule.stages):
         stage_of["t"] = t
+        for v, p in offloaded.items():
+            fid = owner_id(nodes[v])
+            if p == t and fid in kept_from_forward:
+                host = placeholder(v)
+                host.meta["monet_host"] = True
+                val = nodes[v].meta["val"]
+                prefetched[v] = body.call_function(offload_ops.prefetch,
+                                                   (host, tuple(val.shape), val.dtype, str(val.device)))
+                prefetched[v].meta = {"val": val, "monet": ("offload", fid)}
         for i in stage.recompute:
             fnode = graph.fwd[i]
             env: dict[str, fx.Node] = {}
@@ -155,6 +180,13 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             available.pop(i, None)
             kept_from_forward.discard(i)
 
+    for v, copy in prefetched.items():
+        if not copy.users:  # never read (its node recomputed where it is read): not offloaded, not saved
+            host = copy.args[0]
+            body.erase_node(copy)
+            body.erase_node(host)
+            saved.remove(v)
+            del placeholders[v]
     out = next(n for n in joint.graph.nodes if n.op == "output")
     grads = list(out.args[0])[graph.num_fwd_outputs:]
     body.output(tuple(lookup(g) if isinstance(g, fx.Node) else g for g in grads))
@@ -211,11 +243,15 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
         out.args = (tuple(vals),)
         out.meta["desc"] = fwd_descs + [SavedForBackwardsAOTOutput(i) for i in range(len(saved))]
 
+    host = [s for s in saved if ph[s].meta.get("monet_host")]
+    if host:
+        _insert_offloads(graph, schedule, fw_graph, host)
+
     bw_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for name in saved + [t.name for t in tangents]:
         p = bw_graph.placeholder(name)
-        p.meta = dict(ph[name].meta if name in states else nodes[name].meta)
+        p.meta = dict(ph[name].meta if name in states or name in host else nodes[name].meta)
         if name in ph:
             env[ph[name]] = p
     for n in body.nodes:
@@ -228,3 +264,40 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     fw = fx.GraphModule(joint, fw_graph)
     bw = fx.GraphModule(joint, bw_graph)
     return fw, bw
+
+
+def _insert_offloads(graph: OpGraph, schedule: Schedule, fw_graph: fx.Graph, host: list[str]) -> None:
+    """Rewrite the forward graph for the offloaded values ``host`` (`monet.offload`): ``offload``
+    after the last forward use of the value's storage, ``offload_done`` after forward node
+    ``release`` of its `Schedule.offload` entry (or at the end of the forward pass), and the host
+    copy instead of the value among the saved outputs."""
+    release = {v: r for v, r, _ in schedule.offload}
+    order = list(fw_graph.nodes)
+    pos = {n: k for k, n in enumerate(order)}
+    by_name = {n.name: n for n in order}
+    out = next(iter(fw_graph.find_nodes(op="output")))
+    for name in host:
+        value = by_name[name]
+        aliases = {value}
+        for n in order[pos[value] + 1:]:
+            if is_alias(n) and n.args and n.args[0] in aliases:
+                aliases.add(n)
+        users = [pos[u] for a in aliases for u in a.users if u.op != "output"]
+        last = order[max(users + [max(pos[a] for a in aliases)])]
+        r = release[name]
+        anchor = None
+        if r < len(graph.fwd):
+            at = [pos[by_name[x]] for x in graph.fwd[r].fx_names if x in by_name]
+            anchor = order[max(at)] if at else None
+        with fw_graph.inserting_after(last):
+            copy = fw_graph.call_function(offload_ops.offload, (value,))
+        copy.meta = {"val": value.meta.get("val"), "monet": ("offload", -1)}
+        if anchor is None:
+            where = fw_graph.inserting_before(out)
+        else:
+            where = fw_graph.inserting_after(copy if pos[anchor] <= pos[last] else anchor)
+        with where:
+            done = fw_graph.call_function(offload_ops.offload_done, (copy, value))
+        done.meta = {"val": value.meta.get("val"), "monet": ("offload", -1)}
+        vals = list(out.args[0])
+        out.args = (tuple(done if v is value else v for v in vals),)

@@ -75,7 +75,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              accumulate_grads: bool = False, reserved_bytes: int = 0,
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = 0.02,
-             cache_dir=None, progress: bool = True, if_infeasible: str = "raise"):
+             cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
+             offload_bandwidth: float | None = None):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -118,6 +119,10 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         if_infeasible: ``"raise"`` (default): a budget below the smallest feasible one is an
             `InfeasibleBudgetError`; ``"smallest"``: solve at the smallest feasible budget found
             instead (logged), as ``monet demo`` does.
+        offload_bandwidth: bytes per second (each direction) of host<->device copies: the ILP
+            may then offload kept activations to host memory besides keeping or recomputing them
+            (`monet.solver.offload`; mode ``"normal"`` only).  None (default, and on CPU): no
+            offload.  `monet.profiling.bandwidth.measure_host_bandwidth` measures it on a GPU.
 
     Returns:
         A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).
@@ -133,7 +138,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
                    gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=progress)
     sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
                      if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
-                     reserved_bytes=reserved_bytes)
+                     reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth)
     return plan.wrap(sol)
 
 
@@ -165,7 +170,7 @@ class Plan:
 
     def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
               solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False,
-              reserved_bytes: int = 0):
+              reserved_bytes: int = 0, offload_bandwidth: float | None = None):
         """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
         from monet.impls import mode_tokens
         from monet.solver.ilp import InfeasibleBudgetError
@@ -206,7 +211,7 @@ class Plan:
         at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
         self._log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")
         kw = dict(solver=solver, time_limit=time_limit, info=info, device=self.device, cost_fn=self.cost_fn,
-                  progress=self._log if self.progress else None, gap=gap)
+                  progress=self._log if self.progress else None, gap=gap, offload_bandwidth=offload_bandwidth)
         try:
             sol = solve(self.graph, self.costs, budget_bytes, mode, **kw)
         except InfeasibleBudgetError as e:

@@ -30,7 +30,7 @@ def ancestors(graph: OpGraph) -> list[set[int]]:
     return anc
 
 
-def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> Schedule:
+def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray, offload: tuple = ()) -> Schedule:
     """The `Schedule` of a solution: what to keep, recompute and release in each stage.
 
     A node is recomputed where R says so, even if some of its values are kept (the ILP keeps a
@@ -41,6 +41,7 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> Sche
 
     Args:
         S, R: (T, N) 0/1 arrays (values within 1e-6 of 0 or 1 are rounded).
+        offload: `Schedule.offload` entries (values moved to host memory), passed through.
     """
     S = np.asarray(S) > 0.5
     R = np.asarray(R) > 0.5
@@ -58,7 +59,7 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> Sche
         release = tuple(sorted(kept - nxt))
         kept &= nxt
         stages.append(Stage(backward=t, recompute=rec, release=release))
-    return Schedule(saved=saved, stages=stages)
+    return Schedule(saved=saved, stages=stages, offload=tuple(offload))
 
 
 def matrices_from_schedule(graph: OpGraph, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:

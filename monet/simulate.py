@@ -8,6 +8,10 @@ are freed the same way (boxed calling convention).  Constant bytes: parameters, 
 input for the whole iteration, the gradient of the outputs (allocated by the caller), and the
 outputs themselves, which the caller holds during the backward pass.
 
+Offloaded values (`monet.offload`) are on the host between ``offload`` and ``prefetch``: the
+outputs of ``offload`` / ``offload_done`` and the backward module's host inputs count 0 bytes,
+``prefetch`` allocates the value again, ``fetched`` is an alias of it.
+
 Peak memory here is the quantity DESIGN.md measures: bytes allocated by tensors during one forward
 plus backward, after warm-up, with parameter gradients set to None beforehand.
 """
@@ -65,13 +69,15 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
         dies_at.setdefault(at, []).append(r)
     peak, peak_at = sum(live.values()), "start"
     for k, n in enumerate(nodes):
-        if n.op == "call_function" and not is_alias(n) and not is_inplace(n):
+        if n.op == "call_function" and not is_alias(n) and not is_inplace(n) and not _aliases_first(n):
             val = n.meta.get("val")
             multi = isinstance(val, (tuple, list))
             if multi:
                 getitems = {u.args[1]: u.name for u in n.users if u.target is operator.getitem}
                 outs = {getitems.get(j, f"{n.name}#{j}"): tensor_bytes(t) if t is not None else 0
                         for j, t in enumerate(val) if isinstance(t, __import__("torch").Tensor)}
+            elif getattr(n.target, "host_output", False):  # a copy in host memory (`monet.offload`)
+                outs = {n.name: 0}
             else:
                 outs = {n.name: sum(tensor_bytes(t) for t in tensors_in(val))}
             now = sum(live.values()) + sum(outs.values()) + max(0, int(workspace(n)))
@@ -132,8 +138,8 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
         return not graph.loss_output or (isinstance(val, torch.Tensor) and val.dim() == 0)
 
     held = {n.name for n in bw_inputs if n.name in primals or (n.name.startswith(TANGENT) and held_tangent(n))}
-    saved = {n.name: sum(tensor_bytes(t) for t in tensors_in(n.meta.get("val"))) for n in bw_inputs
-             if n.name not in held}
+    saved = {n.name: 0 if n.meta.get("monet_host") else sum(tensor_bytes(t) for t in tensors_in(n.meta.get("val")))
+             for n in bw_inputs if n.name not in held}  # offloaded values are on the host (`monet.offload`)
     saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))
     bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved))
     held_tangents = sum(tensor_bytes(n.meta["val"]) for n in bw_inputs

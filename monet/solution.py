@@ -85,17 +85,24 @@ class Schedule:
             listed use PyTorch's own kernel.
         inplace: ReLU, hardtanh and add overwrite their input where it has no later user
             (`monet.inplace`).
+        offload: kept values moved to host memory (`solver.offload`, `monet.offload`), each
+            ``(value, release, prefetch)``: the joint graph's FX name of the value, the forward
+            node after which its device copy is freed, the backward stage at whose start it is
+            copied back.  Empty without offload; files written before the field existed load
+            with it empty (a class attribute).
     """
     saved: tuple[int, ...]
     stages: list[Stage]
     impl: dict[str, str] = field(default_factory=dict)
     inplace: bool = False
+    offload: tuple = ()
 
     def __post_init__(self):
         self.saved = _ints(self.saved)
         self.stages = list(self.stages)
         self.impl = {(k if isinstance(k, str) else f"fwd:{int(k)}"): str(v) for k, v in self.impl.items()}
         self.inplace = bool(self.inplace)
+        self.offload = tuple((str(v), int(r), int(p)) for v, r, p in self.offload)
 
     def recompute_count(self) -> int:
         """Number of forward-node recomputations over all backward stages (a node recomputed in two
@@ -140,6 +147,8 @@ class SolutionMeta:
             e.g. ``"input_ids=16:int64:50257,labels=16:int64:50257"``), so that ``monet check`` can
             rebuild them; None when the inputs were one float tensor of ``input_shape`` or came from
             the model's factory.  Files written before this field existed load with None.
+        offload_bandwidth: bytes per second (each direction) the offload to host memory was
+            planned for (`solver.offload`); None: no offload (and files written before it).
     """
     model: str
     batch_size: int
@@ -167,6 +176,7 @@ class SolutionMeta:
     eager_time_s: float | None = None
     autocast: tuple[str, str] | None = None
     inputs_spec: str | None = None  # a class attribute too: old pickles without the field read None
+    offload_bandwidth: float | None = None  # likewise
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -178,7 +188,7 @@ class SolutionMeta:
             setattr(self, name, int(getattr(self, name)))
         for name in ("objective_s", "solve_time_s"):
             setattr(self, name, float(getattr(self, name)))
-        for name in ("bound_s", "gap", "eager_time_s"):
+        for name in ("bound_s", "gap", "eager_time_s", "offload_bandwidth"):
             setattr(self, name, _opt_float(getattr(self, name)))
         for name in ("mode", "device", "cost_source", "status", "solver", "torch_version",
                      "monet_version", "fingerprint", "created"):
@@ -468,6 +478,9 @@ def describe(sol: Solution) -> str:
     sched = sol.schedule
     lines.append(f"keeps {len(sched.saved)} of {m.n_fwd} forward outputs, {sched.recompute_count()} "
                  f"recomputations over {len(sched.stages)} backward stages")
+    if sched.offload:
+        lines.append(f"offloads {len(sched.offload)} kept values to host memory, planned at "
+                     f"{(m.offload_bandwidth or 0) / 1e9:.1f} GB/s")
     gap = "unknown" if m.gap is None else f"{100 * m.gap:.2f} %"
     bound = "" if m.bound_s is None else f", bound {m.bound_s * 1e3:.2f} ms"
     lines.append(f"solver {m.solver}: {m.status}, gap {gap}{bound}, solved in {m.solve_time_s:.1f} s")

@@ -105,6 +105,7 @@ class ILPResult:
     solver: str
     M: np.ndarray | None = None  # (O,) chosen implementation options (None without options)
     history: list = None  # (wall s, incumbent, bound) points of the solve, model units
+    O: np.ndarray | None = None  # (G,) groups offloaded to the host (None without offload)
 
 
 class _Problem:
@@ -227,6 +228,32 @@ class _Problem:
             after = (np.arange(N)[:, None] >= zi[None, :]) * (rng_bytes[zi][None, :] / scale)
             fwd = fwd + sp.csr_matrix(after) @ Z
             rng_u = rng_bytes[zi] / scale @ Z
+        # offload to host (`solver.offload`): O[g] over the allowed groups that S keeps from the
+        # forward pass through their off-device window
+        off, self.o, self.o_idx, self.offload_terms = mem.offload, None, np.zeros(0, dtype=int), []
+        self.offload = off
+        if off is not None and mode != "none":
+            oi = [g for g in np.flatnonzero(off.allowed & off.candidate)
+                  if allow_s[:max(1, int(off.prefetch[g])), g].all()]
+            if oi:
+                oi = np.array(oi, dtype=int)
+                self.o, self.o_idx = cp.Variable(len(oi), name="O", **kind), oi
+                # O[g] <= S[t, g] for t < max(prefetch, 1)
+                kk = np.concatenate([np.full(max(1, int(off.prefetch[g])), k) for k, g in enumerate(oi)])
+                tt = np.concatenate([np.arange(max(1, int(off.prefetch[g]))) for g in oi])
+                cons.append(sel(kk, len(oi)) @ self.o <= sel(tt * G + oi[kk], TG) @ Sf)
+                # R[t, j] + O[g] <= 1 for t < prefetch, j = g's node or a forward reader of it
+                pairs = [(k, t, j) for k, g in enumerate(oi) for t in range(int(off.prefetch[g]))
+                         for j in np.flatnonzero(off.readers[g]) if allow_r[t, j]]
+                if pairs and self.r is not None:
+                    pk, pt, pj = (np.array(c, dtype=int) for c in zip(*pairs))
+                    cons.append(sel(pt * N + pj, TN) @ Rf + sel(pk, len(oi)) @ self.o <= 1)
+                fwd = fwd - sp.csr_matrix(off.fwd_off()[:, oi] / scale) @ self.o
+                # exposed transfer time, each direction (the copies share one stream)
+                for c, total in ((off.c_out, off.fwd_total), (off.c_in, off.bwd_total)):
+                    X = cp.Variable(nonneg=True)
+                    cons += [X >= c[oi] @ self.o, X >= off.x[oi] @ self.o - total]
+                    self.offload_terms.append(X)
         self.fwd_mem = fwd
         # backward stages (rows of `solver.memory_model`): U[t] >= what lives through stage t, the
         # constants, kept groups and recomputed groups kept into t + 1 (K[t, g] >= S[t+1, g] +
@@ -243,6 +270,8 @@ class _Problem:
             cons.append(K >= sel((kt + 1) * G + kg, TG) @ Sf + sel(kt * N + gnode[kg], TN) @ Rf - 1)
             u_expr = u_expr + sp.csr_matrix((mem.saved_bytes[kg] / scale, (kt, np.arange(len(kt)))),
                                             shape=(T, len(kt))) @ K
+        if self.o is not None:
+            u_expr = u_expr - sp.csr_matrix(off.bwd_off()[:, self.o_idx] / scale) @ self.o
         cons.append(U >= u_expr)
         extra = mem.bwd_extra / scale
         floor = mem.bwd_extra.copy()  # the least bytes backward node t allocates under any option
@@ -356,10 +385,10 @@ class _Problem:
         A CBC stopped by its time limit may hand back a fractional point, or an integral point of a
         node it had not finished, through cvxpy: neither is trusted.
         """
-        for v in (self.r, self.s, self.m):
+        for v in (self.r, self.s, self.m, self.o):
             if v is not None and (v.value is None or np.max(np.abs(v.value - np.round(v.value)), initial=0) > 1e-4):
                 return False
-        saved = [(v, v.value) for v in (self.r, self.s, self.m) if v is not None]
+        saved = [(v, v.value) for v in (self.r, self.s, self.m, self.o) if v is not None]
         for v, val in saved:
             v.value = np.round(val)
         try:
@@ -381,9 +410,18 @@ class _Problem:
         obj = cp.Constant(0.0) if self.r is None else self.recompute_cost[self.r_idx] @ self.r
         if self.m is not None:
             obj = obj + self.opt_time @ self.m
-        for q in self.q_terms:
+        for q in self.q_terms + self.offload_terms:
             obj = obj + q
         return obj
+
+    def chosen_offload(self) -> np.ndarray | None:
+        """(G,) bool offloaded groups from the solver's values (None without offload)."""
+        if self.o is None:
+            return None if self.offload is None else np.zeros(self.G, dtype=bool)
+        out = np.zeros(self.G, dtype=bool)
+        if self.o.value is not None:
+            out[self.o_idx] = np.asarray(self.o.value) > 0.5
+        return out
 
     def chosen_options(self) -> np.ndarray | None:
         """(O,) 0/1 options from the solver's values (None if there are no options or no values)."""
@@ -541,6 +579,15 @@ def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode
     return (sum(v.size for v in problem.variables()), sum(c.size for c in problem.constraints), P.build_time_s)
 
 
+def _offload_s(mem: MemoryModel, S, R, O=None) -> float:
+    """Seconds of exposed transfer of the offloaded groups O (G,), or of the schedule's effective
+    ones (`solver.offload.OffloadModel.effective` of S (T, G), R (T, N)) when O is None; 0 without
+    offload."""
+    if mem.offload is None:
+        return 0.0
+    return mem.offload.cost(mem.offload.effective(S, R) if O is None else O)
+
+
 def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
            deadline: float | None = None, iterate: bool = False):
     """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
@@ -595,6 +642,8 @@ def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: f
         start[P.r] = R.ravel()[P.r_idx]
     if P.m is not None:
         start[P.m] = mem.default_options()
+    if P.o is not None:  # the allowed groups the schedule keeps through their windows (its peak's)
+        start[P.o] = mem.offload.effective(S, R)[P.o_idx].astype(float)
     return start, cost, peak, S, R
 
 
@@ -738,22 +787,27 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     t_solve = run.seconds
     status = run.status
     solver_name = solver.upper()
-    M = None
+    M = O = None  # O: the ILP's offloaded groups; None: the schedule's effective ones (solver.offload)
     integral = P.integral()
     if integral:
         S, R = P.matrices()
         M = P.chosen_options()
+        O = P.chosen_offload()
         # safety net: the ILP's memory bounds the simulator's (tested), but a schedule is only
         # returned once the simulator agrees it fits
-        if peak_of is not None and (peak_of(S, R) if M is None else peak_of(S, R, M)) > budget:
-            integral, M = False, None
+        with_o = {} if O is None else {"O": O}
+        if peak_of is not None and (peak_of(S, R, **with_o) if M is None else peak_of(S, R, M, **with_o)) > budget:
+            integral, M, O = False, None, None
     if integral and M is None:
         # a repaired rounding of the LP that the simulator finds within budget (the ILP's memory is
         # an upper bound, so it may reject it) replaces a slower ILP schedule
         fit = peak_of or mem.peak
         alt = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
-        if alt is not None and alt[2] < float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) - 1e-12:
+        if alt is not None and (alt[2] + _offload_s(mem, alt[0], alt[1])
+                                < float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0))
+                                + _offload_s(mem, S, R, O) - 1e-12):
             S, R, _ = alt
+            O = None
             solver_name += "+repair"
             status = "heuristic"
     if integral:
@@ -793,13 +847,18 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         status = "heuristic"
     if mode == "none":
         S = S | P.allow_s
+    if mem.offload is not None and O is None:  # a heuristic schedule: its effective offloads, less
+        # those the budget does not need (in the ILP's memory, which bounds the simulator's)
+        O = mem.offload.effective(S, R)
+        O = mem.offload.trimmed(O, lambda O2: mem.peak(S, R, O=O2) <= budget,
+                                time.perf_counter() + max(1.0, 0.05 * time_limit))
     S = mem.group_to_node(S)
     if status == "heuristic" and M is not None:  # the start: recomputation + PyTorch's implementations
         obj = start[1] + float(P.opt_time @ M) + constant_s
     elif M is not None:  # recomputation + chosen implementations, as the ILP counts it
         obj = float(problem.value) + constant_s
     else:
-        obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s
+        obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s + _offload_s(mem, None, R, O)
     optimal = status == cp.OPTIMAL
     bound = obj if optimal else (None if run.bound is None else run.bound + constant_s)
     if bound is not None:
@@ -811,6 +870,6 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         kind = "heuristic"
     else:
         kind = "gap" if gap_found is not None and gap_found <= gap else "time_limit"
-    return ILPResult(S=S, R=R, M=M, objective_s=obj, bound_s=bound, gap=gap_found, status=kind,
+    return ILPResult(S=S, R=R, M=M, O=O, objective_s=obj, bound_s=bound, gap=gap_found, status=kind,
                      solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
                      n_constraints=int(n_cons), solver=solver_name, history=run.history)

@@ -104,6 +104,9 @@ class MemoryModel:
             stage recomputes it (`monet.rng`; 5,056 bytes on CPU, 16 on CUDA; 0 for other
             nodes).  Counted from node k on in the forward pass and through every stage (the
             executor frees it after its last recomputation) if R recomputes node k anywhere.
+        offload: the `solver.offload.OffloadModel` (None: no offload).  The peaks below take the
+            offloaded groups O (G,) 0/1; without O, `OffloadModel.effective` of the schedule
+            (the allowed groups it keeps through their off-device window).
     """
 
     fwd_const: np.ndarray
@@ -128,6 +131,7 @@ class MemoryModel:
     bwd_read_node: np.ndarray = None
     live_opt: np.ndarray = None
     rng_state_bytes: np.ndarray = None
+    offload: object = None  # `solver.offload.OffloadModel` when offload to host is planned
 
     @property
     def n_options(self) -> int:
@@ -159,13 +163,25 @@ class MemoryModel:
             return np.zeros(len(self.fwd_const))
         return self.rng_state_bytes * (np.asarray(R) > 0.5).any(axis=0)
 
-    def fwd_peak(self, keep: np.ndarray, M: np.ndarray | None = None, R: np.ndarray | None = None) -> float:
+    def fwd_peak(self, keep: np.ndarray, M: np.ndarray | None = None, R: np.ndarray | None = None,
+                 O: np.ndarray | None = None) -> float:
         """Peak of the forward pass for a keep vector (G,) of 0/1 over groups, options M (O,) and
         the recomputations R (T, N) of the backward pass, whose random nodes' generator states
-        the forward pass saves (None: no random node recomputed)."""
+        the forward pass saves (None: no random node recomputed), with the groups O (G,) 0/1
+        offloaded (None: none; this row alone cannot tell which a schedule keeps through)."""
         M = self.default_options() if M is None else np.asarray(M, dtype=float)
-        return float(np.max(self.fwd_const + self.fwd_keep @ np.asarray(keep, dtype=float) + self.fwd_opt @ M
-                            + np.cumsum(self.rng_saved(R))))
+        rows = self.fwd_const + self.fwd_keep @ np.asarray(keep, dtype=float) + self.fwd_opt @ M \
+            + np.cumsum(self.rng_saved(R))
+        if O is not None and self.offload is not None:
+            rows = rows - self.offload.fwd_off() @ np.asarray(O, dtype=float)
+        return float(np.max(rows))
+
+    def offloaded(self, S: np.ndarray, R: np.ndarray | None, O: np.ndarray | None) -> np.ndarray | None:
+        """O (G,) as given, or the schedule's effective offloads (`OffloadModel.effective`); None
+        without offload."""
+        if self.offload is None:
+            return None
+        return self.offload.effective(S, R) if O is None else np.asarray(O) > 0.5
 
     def kept_into_next(self, S: np.ndarray, R: np.ndarray) -> np.ndarray:
         """(T, G) bool: groups recomputed in stage t (or not kept at its start) and kept into t + 1."""
@@ -183,14 +199,19 @@ class MemoryModel:
                 ws[i] = max(ws[i], w)
         return ws
 
-    def bwd_peaks(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None) -> np.ndarray:
-        """(T,) upper bound of each backward stage's peak for 0/1 S (T, G), R (T, N), M (O,): the
-        largest of the rows of the module docstring, exactly as the ILP writes them."""
+    def bwd_peaks(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None,
+                  O: np.ndarray | None = None) -> np.ndarray:
+        """(T,) upper bound of each backward stage's peak for 0/1 S (T, G), R (T, N), M (O,) and
+        offloaded groups O (G,) (see `offloaded`): the largest of the rows of the module
+        docstring, exactly as the ILP writes them."""
         M = self.default_options() if M is None else np.asarray(M, dtype=float)
+        O = self.offloaded(S, R, O)
         S = np.asarray(S) > 0.5
         R = np.asarray(R) > 0.5
         U = self.bwd_const + S @ self.saved_bytes + self.kept_into_next(S, R) @ self.saved_bytes \
             + self.rng_saved(R).sum()
+        if O is not None:
+            U = U - self.offload.bwd_off() @ O.astype(float)
         if self.n_options and self.live_opt is not None:
             U = U + self.live_opt @ M
         peaks = U + (R & self.bwd_read_node) @ self.out_bytes + self.bwd_extra + self.bwd_opt @ M
@@ -207,9 +228,11 @@ class MemoryModel:
         i, j = nodes[:, None], nodes[None, :]
         return (j <= i) & ((j == i) | (self.fwd_last_reader[j] >= i) | self.bwd_read_node[t, j])
 
-    def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None) -> float:
-        """The ILP's peak for a schedule: max of the forward and every backward stage (bytes)."""
-        return max(self.fwd_peak(np.asarray(S)[0], M, R), float(self.bwd_peaks(S, R, M).max()))
+    def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None, O: np.ndarray | None = None) -> float:
+        """The ILP's peak for a schedule: max of the forward and every backward stage (bytes), with
+        the groups O (G,) offloaded (None: `offloaded`)."""
+        O = self.offloaded(S, R, O)
+        return max(self.fwd_peak(np.asarray(S)[0], M, R, O), float(self.bwd_peaks(S, R, M, O).max()))
 
 
 class _Index:

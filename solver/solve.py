@@ -6,6 +6,9 @@ Every solver here has one signature, ``solve_x(graph, costs, budget, ...) -> Sol
 * `solve_none`: keep everything, recompute nothing (plain PyTorch);
 * `solve_normal`: MONeT's ILP, recompute-or-store (`monet.solver.ilp`);
 * `solve_full`: the ILP choosing operator implementations too (MONeT's other modes).
+
+``offload_bandwidth`` (bytes/s) makes offload to host memory a third choice of the normal-mode ILP
+(`monet.solver.offload`; off by default and on CPU).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from monet.solver.choices import chosen_graph, chosen_impls, implementation_opti
 from monet.solver.ilp import (LARGE, InfeasibleBudgetError, min_budget_relaxation, problem_size,
                               relaxation_in_background, relaxation_result, solve_ilp, solve_min_budget)
 from monet.solver.memory_model import MemoryModel, build_memory_model
+from monet.solver.offload import build_offload_model
 
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
           "GB": 2 ** 30, "GIB": 2 ** 30, "TB": 2 ** 40, "TIB": 2 ** 40}
@@ -63,12 +67,14 @@ def parse_budget(text: str | int, eager_peak_bytes: int | None = None) -> int:
 
 def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, status: str, solver: str,
             objective_s: float, bound_s, gap, solve_time_s: float, info: dict, inplace: bool = False,
-            eager: int | None = None, eager_time: float | None = None) -> Solution:
+            eager: int | None = None, eager_time: float | None = None, offload: tuple = (),
+            offload_bandwidth: float | None = None) -> Solution:
     """The `Solution` of (S, R) on ``graph`` (with its implementations, ``graph.impls``), simulated.
     ``eager`` (bytes) and ``eager_time`` (seconds) are plain PyTorch's peak and iteration time, the
     references of the reported saving and overhead; by default those of ``graph`` itself, which is
-    wrong when ``graph`` carries implementations other than PyTorch's."""
-    schedule = schedule_from_matrices(graph, S, R)
+    wrong when ``graph`` carries implementations other than PyTorch's.  ``offload``: the
+    `Schedule.offload` entries, planned at ``offload_bandwidth`` bytes/s."""
+    schedule = schedule_from_matrices(graph, S, R, offload)
     schedule.impl, schedule.inplace = dict(graph.impls), inplace
     fw, bw = build_modules(graph, schedule)
     sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace)
@@ -86,7 +92,8 @@ def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, 
                         status=status, solver=solver, torch_version=torch.__version__,
                         monet_version=monet.__version__, fingerprint=graph.fingerprint,
                         graph_summary=graph.summary, n_fwd=len(graph.fwd), n_bwd=len(graph.bwd),
-                        eager_time_s=eager_time, inputs_spec=info.get("inputs_spec"))
+                        eager_time_s=eager_time, inputs_spec=info.get("inputs_spec"),
+                        offload_bandwidth=offload_bandwidth if offload else None)
     return Solution(schedule=schedule, S=np.asarray(S, dtype=bool), R=np.asarray(R, dtype=bool), meta=meta)
 
 
@@ -125,18 +132,27 @@ def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
     return simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
 
 
-def memory_model(graph: OpGraph, costs: CostArrays) -> MemoryModel:
-    return build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace)
+def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | None = None) -> MemoryModel:
+    """The `MemoryModel` of ``graph`` with its costs' workspace, and with offload to host memory
+    at ``offload_bandwidth`` bytes/s (`solver.offload`; None or 0: none)."""
+    mem = build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace)
+    if offload_bandwidth:
+        mem.offload = build_offload_model(graph, mem, costs.fwd_time, costs.bwd_time, offload_bandwidth)
+    return mem
 
 
 def simulated_peak_fn(graph: OpGraph, costs: CostArrays, mem: MemoryModel, inplace: bool = False):
-    """``peak_of(S (T, G), R (T, N), M (O,) = None) -> bytes``: the simulator's peak of the schedule
-    the executor would run (with the implementations M chooses; None: PyTorch's)."""
-    def peak_of(S_groups, R, M=None):
+    """``peak_of(S (T, G), R (T, N), M (O,) = None, O (G,) = None) -> bytes``: the simulator's peak
+    of the schedule the executor would run (with the implementations M chooses; None: PyTorch's;
+    with the groups O offloaded to host memory; None: `MemoryModel.offloaded`, the allowed groups
+    the schedule keeps through their windows)."""
+    def peak_of(S_groups, R, M=None, O=None):
         g, c = graph, costs
         if M is not None and mem.n_options:
             g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
-        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R)
+        O = mem.offloaded(S_groups, R, O)
+        entries = () if O is None else mem.offload.entries(O)
+        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R, entries)
         schedule.impl, schedule.inplace = dict(g.impls), inplace
         fw, bw = build_modules(g, schedule)
         return simulate(g, fw, bw, c.fwd_workspace, c.bwd_workspace).peak_bytes
@@ -157,24 +173,65 @@ def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *,
                  solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, mode: str = "normal",
                  inplace: bool = False, eager: int | None = None, eager_time: float | None = None,
-                 gap: float = 0.0, progress=None, relaxation: bool = True, smallest: bool = True) -> Solution:
+                 gap: float = 0.0, progress=None, relaxation: bool = True, smallest: bool = True,
+                 offload_bandwidth: float | None = None) -> Solution:
     """MONeT's ILP in recompute-or-store mode; see `monet.solver.ilp.solve_ilp` (same errors and
-    ``relaxation``).
+    ``relaxation``); with ``offload_bandwidth`` (bytes/s) offload to host memory is a third choice
+    (`solver.offload`).
 
     ``graph`` may carry implementations already (``graph.impls``, fixed by `solve_full`); ``mode``
     is the label stored in the solution, ``inplace`` turns on in-place ReLU/add in the executor.
     """
-    mem = memory_model(graph, costs)
+    mem = memory_model(graph, costs, offload_bandwidth)
     const = costs.total_time
     t0 = time.perf_counter()
-    res = solve_ilp(graph, mem, costs.fwd_recompute, budget, mode="normal", solver=solver,
-                    time_limit=time_limit, constant_s=const, verbose=verbose,
-                    peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress,
-                    relaxation=relaxation, smallest=smallest)
+    kw = dict(mode="normal", solver=solver, constant_s=const, verbose=verbose,
+              peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress,
+              relaxation=relaxation)
+    if mem.offload is not None and problem_size(graph, mem, costs.fwd_recompute, "normal")[0] > LARGE:
+        res = _solve_offload_policies(graph, mem, costs, budget, time_limit, smallest, kw)
+    else:
+        res = solve_ilp(graph, mem, costs.fwd_recompute, budget, time_limit=time_limit, smallest=smallest, **kw)
+    entries = () if res.O is None else mem.offload.entries(res.O)
     return _finish(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status, solver=res.solver,
                    objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
                    solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
-                   eager_time=eager_time)
+                   eager_time=eager_time, offload=entries, offload_bandwidth=offload_bandwidth)
+
+
+def _solve_offload_policies(graph: OpGraph, mem: MemoryModel, costs: CostArrays, budget: int, time_limit: float,
+                            smallest: bool, kw: dict):
+    """Above `LARGE` variables no MIP solver runs and the local search (`solver.repair.improve`),
+    which sees memory but not transfer time, finds the schedule: it is run with two offload
+    policies (`solver.offload`), on half of the time each, and the faster schedule (transfer time
+    included) is returned: the copies that compute hides completely
+    (`OffloadModel.hidden_policy`; two thirds of the time: at budgets where it fits, it competes
+    with the recompute-only search, whose schedules it contains), then every candidate.
+
+    Raises:
+        InfeasibleBudgetError: nothing fits with every candidate offloadable.
+    """
+    full = mem.offload
+    best = None
+    policies, weights = [full.hidden_policy(), full.candidate], [2.0, 1.0]
+    t_end = time.perf_counter() + time_limit
+    try:
+        for k, allowed in enumerate(policies):
+            mem.offload = full.with_allowed(allowed)
+            last = k == len(policies) - 1
+            share = max(1.0, (t_end - time.perf_counter()) * weights[k] / sum(weights[k:]))
+            try:
+                res = solve_ilp(graph, mem, costs.fwd_recompute, budget, time_limit=share,
+                                smallest=smallest and last and best is None, **kw)
+            except InfeasibleBudgetError:
+                if last and best is None:
+                    raise
+                continue
+            if best is None or res.objective_s < best[0].objective_s:
+                best = (res, mem.offload)
+    finally:
+        mem.offload = full if best is None else best[1]
+    return best[0]
 
 
 def analytic_cost_fn(spec=None):
@@ -460,7 +517,7 @@ def _round_options(options, M_frac) -> dict[str, str]:
 
 
 def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
-              cost_fn=None, progress=None):
+              cost_fn=None, progress=None, offload_bandwidth: float | None = None):
     """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N), the
     LP relaxation's lower bound in bytes or None) of the smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
     memory-lean implementations (`lean_impls`) if that is smaller.  ``time_limit`` (wall clock)
@@ -471,15 +528,15 @@ def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_li
     budget falls back to this very schedule instead of a second, time-limited search that may
     stop at a larger budget."""
     cache = graph.__dict__.setdefault("_monet_smallest", {})
-    key = (mode, solver.upper(), device, id(costs), id(cost_fn))
+    key = (mode, solver.upper(), device, id(costs), id(cost_fn), offload_bandwidth or None)
     if key not in cache:
         cache[key] = (costs, cost_fn, _search_smallest(graph, costs, mode, solver, time_limit, device, cost_fn,
-                                                       progress))
+                                                       progress, offload_bandwidth))
     return cache[key][2]
 
 
 def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
-                     cost_fn=None, progress=None):
+                     cost_fn=None, progress=None, offload_bandwidth: float | None = None):
     """`_smallest` without its cache."""
     # planned on 95 % of the limit: the steps overrun their shares by seconds they cannot stop
     # (cvxpy's canonicalisation of each LP, the last candidate's simulation); GPT-2 small's search
@@ -490,13 +547,24 @@ def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, 
     inplace = "inplace" in tokens
     options, mem = full_model(graph, costs, mode, device, cost_fn) if tokens - {"inplace"} else ([], None)
     if not options:
-        mem = memory_model(graph, costs)
-    first = time_limit * (2 / 3 if options else 1.0)
-    least, proven, S, R, M, lower = solve_min_budget(graph, mem, mode, solver, first,
-                                                     peak_of=simulated_peak_fn(graph, costs, mem, inplace),
+        mem = memory_model(graph, costs, offload_bandwidth)
+    first = time_limit * (2 / 3 if options or mem.offload is not None else 1.0)
+    peak_of = simulated_peak_fn(graph, costs, mem, inplace)
+    least, proven, S, R, M, lower = solve_min_budget(graph, mem, mode, solver, first, peak_of=peak_of,
                                                      progress=progress)
     g, c = (chosen_graph(graph, costs, options, chosen_impls(options, M)) if M is not None else (graph, costs))
     best = (least, proven, g, c, mem.group_to_node(S), R, lower)
+    if mem.offload is not None:
+        # the recompute-only search's schedule, with the offloads it allows: above LARGE variables
+        # both searches are heuristics, and the LP relaxation with offload rounds to other
+        # candidates (ResNet-50 at batch 184, 400 GB/s: 19.4 % of the plain peak alone, where the
+        # recompute-only search found 18.5 % without any offload)
+        base = memory_model(graph, costs)
+        _, _, S0, R0, _, _ = solve_min_budget(graph, base, mode, solver, max(1.0, t_end - time.perf_counter()),
+                                              peak_of=simulated_peak_fn(graph, costs, base, inplace))
+        least0 = int(np.ceil(peak_of(S0, R0)))
+        if least0 < least:
+            best = (least0, lower is not None and least0 <= lower, graph, costs, mem.group_to_node(S0), R0, lower)
     if options:
         g, c = chosen_graph(graph, costs, options, lean_impls(options))
         m = memory_model(g, c)
@@ -509,15 +577,20 @@ def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, 
 
 
 def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
-               time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None) -> tuple[int, bool]:
+               time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None,
+               offload_bandwidth: float | None = None) -> tuple[int, bool]:
     """Smallest feasible budget of a mode, in bytes, and whether the solver proved it minimal.
 
     For modes with implementation choices, the smaller of the joint ILP's answer and the
-    normal-mode answer on the memory-lean implementations (`lean_impls`).
+    normal-mode answer on the memory-lean implementations (`lean_impls`).  With
+    ``offload_bandwidth`` (bytes/s; normal mode), every value that can be offloaded to host
+    memory may be (`solver.offload`): the bandwidth sets the copy windows, not whether they pay.
     """
+    _check_offload(mode, offload_bandwidth)
     if mode == "none":
         return eager_peak(graph, costs), True
-    least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress)
+    least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress,
+                                  offload_bandwidth)
     return least, proven
 
 
@@ -532,9 +605,23 @@ def min_budget_lower(graph: OpGraph, costs: CostArrays, mode: str = "normal", so
     return None if lower is None else int(np.floor(lower))
 
 
+def _check_offload(mode: str, offload_bandwidth) -> None:
+    """Offload is planned in normal mode only (`solver.offload`).
+
+    Raises:
+        ValueError: a negative bandwidth, or offload with another mode."""
+    if offload_bandwidth is not None and offload_bandwidth < 0:
+        raise ValueError(f"offload_bandwidth must be bytes per second >= 0 (0 or None: no offload), "
+                         f"got {offload_bandwidth!r}")
+    if offload_bandwidth and mode not in ("normal", "none"):
+        raise ValueError(f"offload to host memory is planned in mode 'normal' only, not {mode!r}: "
+                         f"use mode='normal' or offload_bandwidth=None")
+
+
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
           solver: str = "CBC", time_limit: float = 60.0, info: dict | None = None,
-          verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None, gap: float = 0.0) -> Solution:
+          verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None, gap: float = 0.0,
+          offload_bandwidth: float | None = None) -> Solution:
     """Solve at ``budget`` bytes, or at the smallest feasible budget when ``budget`` is None.
 
     Args:
@@ -545,18 +632,28 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
             search (``budget`` None) has its own.
         gap: stop once the schedule is proven within this fraction of the best bound (0: optimal).
         progress: ``progress(str)``, lines on the solve as it goes (incumbent, bound).
+        offload_bandwidth: bytes per second (each direction) of host<->device copies: a kept
+            value may then be offloaded to host memory (`solver.offload`; normal mode only).
+            None or 0 (the default, and the CPU setting): no offload.  See
+            `monet.solver.offload.DEFAULT_BANDWIDTHS` and
+            `monet.profiling.bandwidth.measure_host_bandwidth`.
 
     Raises:
-        ValueError: unknown mode.
+        ValueError: unknown mode; offload with a mode other than normal.
         InfeasibleBudgetError: the budget is below the smallest feasible one (named in the message).
     """
     mode = MODES[-1] if mode == "full" else mode
     mode_tokens(mode)  # validates
+    _check_offload(mode, offload_bandwidth)
     if budget is None:
-        budget, _ = min_budget(graph, costs, mode, solver, time_limit, device, cost_fn)
+        budget, _ = min_budget(graph, costs, mode, solver, time_limit, device, cost_fn,
+                               offload_bandwidth=offload_bandwidth)
     if mode == "none":
         return solve_none(graph, costs, int(budget), info)
     if mode == "normal":
+        if offload_bandwidth:  # the smallest-budget search's schedule does not carry its offloads
+            return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit,
+                                verbose=verbose, gap=gap, progress=progress, offload_bandwidth=offload_bandwidth)
         try:
             return solve_normal(graph, costs, int(budget), info, solver=solver, time_limit=time_limit,
                                 verbose=verbose, gap=gap, progress=progress, smallest=False)
