@@ -30,13 +30,18 @@ def is_inplace(node: fx.Node) -> bool:
     return bool(returns) and all(r.alias_info is not None and r.alias_info.is_write for r in returns)
 
 
+def aliases_first(node: fx.Node) -> bool:
+    """An op marked ``alias_of_first``: it returns its first argument (`monet.offload.fetched`)."""
+    return getattr(node.target, "alias_of_first", False)
+
+
 def storage_root(node: fx.Node) -> fx.Node:
     """The node that allocated the storage ``node``'s output lives in: followed back through views
     (`monet.graph.is_alias`, but not ``getitem``) and in-place ops (`is_inplace`) to their first
     argument, and through ops marked ``alias_of_first`` (`monet.offload.fetched`: returns its first
     argument); an element of a list of views (``getitem`` of an aliasing op) has its list's root."""
     while node.op == "call_function" and ((is_alias(node) and node.target is not operator.getitem)
-                                          or is_inplace(node) or getattr(node.target, "alias_of_first", False)):
+                                          or is_inplace(node) or aliases_first(node)):
         src = node.args[0]
         if not isinstance(src, fx.Node):
             break

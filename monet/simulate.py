@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from monet.graph import OpGraph, TANGENT, is_alias, tensor_bytes, tensors_in
-from monet.inplace import is_inplace, storage_root
+from monet.inplace import aliases_first, is_inplace, storage_root
 
 
 @dataclass
@@ -69,7 +69,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
         dies_at.setdefault(at, []).append(r)
     peak, peak_at = sum(live.values()), "start"
     for k, n in enumerate(nodes):
-        if n.op == "call_function" and not is_alias(n) and not is_inplace(n) and not _aliases_first(n):
+        if n.op == "call_function" and not is_alias(n) and not is_inplace(n) and not aliases_first(n):
             val = n.meta.get("val")
             multi = isinstance(val, (tuple, list))
             if multi:

@@ -202,11 +202,33 @@ def test_missing_solution(workdir, capsys):
     (["--budget", "6 parsecs"], "cannot read budget"),
     (["--budget", "1GB", "--mode", "inplace_fast"], "unknown mode 'inplace_fast'"),
     (["--budget", "1GB", "--gpu-spec", "k80"], "unknown device preset"),
+    (["--budget", "1GB", "--offload-bandwidth", "pcie5"], "--mode normal only"),
+    (["--budget", "1GB", "--mode", "normal", "--offload-bandwidth", "pcie5"], "needs --device cuda"),
+    (["--budget", "1GB", "--mode", "normal", "--device", "cuda", "--cost", "analytic",
+      "--offload-bandwidth", "fast"], "must be bytes per second"),
 ])
 def test_bad_arguments(model_arg, workdir, capsys, args, message):
     assert main(solve_args(model_arg, *args, "-o", str(workdir / "x.pkl"))) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("monet: error: ") and message in err
+
+
+def test_offload_solution(workdir):
+    """--offload-bandwidth for a CUDA device, solved on this machine with analytic costs: the
+    solution records the bandwidth it was planned for and fits its budget."""
+    out, chain = workdir / "offload.pkl", workdir / "chain.py"
+    # activations (batch 2048) far above the parameters: tests/test_offload.py's chain
+    chain.write_text("from torch import nn\n\n\ndef build():\n"
+                     "    return nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(64, 64), nn.Tanh())])\n")
+    argv = ["solve", f"{chain}:build", "--batch-size", "2048", "--input-shape", "64", "--min-budget", "--mode", "normal",
+            "--device", "cuda", "--cost", "analytic", "--gpu-spec", "h100", "--offload-bandwidth", "400e9",
+            "--time-limit", "20", "--json", "-o", str(out)]
+    stdout, stderr, code = run_main(argv)
+    assert code == 0, stderr
+    sol = load_solution(out)
+    assert sol.meta.predicted_peak_bytes <= sol.meta.budget_bytes
+    assert sol.meta.offload_bandwidth == 400e9
+    assert sol.schedule.offload, "at the smallest budget, with copies hidden by compute, some value is offloaded"
 
 
 def test_unknown_model(workdir, capsys):

@@ -19,6 +19,8 @@ examples:
   monet solve lm.py:build --batch-size 8 --budget 50% -o lm.pkl \\
       --inputs "input_ids=128:int64:50257,attention_mask=128:int64:2,labels=128:int64:50257"
   monet solve lm.py:build_with_inputs --budget 50% -o lm.pkl   # build_with_inputs() -> (model, inputs)
+  monet solve gpt2-small --batch-size 8 --budget 33% --mode normal --device cuda --cost analytic \
+      --gpu-spec h100 --offload-bandwidth pcie5 -o gpt2_offload.pkl
 
 MODEL "path/to/file.py:factory": factory() returns the nn.Module, or (model, example_inputs) with
 example_inputs a tensor, a tuple of positional or a dict of keyword arguments (the first tensor's
@@ -32,6 +34,43 @@ status (optimal, time_limit or heuristic), objective, bound, gap, solve_time_s, 
 predicted_peak_bytes, eager_peak_bytes, output ...). A budget below the smallest feasible one exits
 with status 2 and names that budget.
 """
+
+
+OFFLOAD_PRESETS = ("pcie4", "pcie5", "nvlink-c2c")  # solver.offload.DEFAULT_BANDWIDTHS (not imported: --help stays fast)
+
+
+def offload_bandwidth(value: str | None, mode: str, device: str) -> float | None:
+    """Bytes/s of ``--offload-bandwidth`` (None: no offload).
+
+    Raises:
+        CLIError: not a number, a preset or 'measure'; a mode other than normal; a device other than CUDA.
+    """
+    if value is None:
+        return None
+    from monet.solver.offload import DEFAULT_BANDWIDTHS
+
+    if mode != "normal":
+        raise CLIError(f"--offload-bandwidth plans offload in --mode normal only (got --mode {mode}): "
+                       f"add --mode normal")
+    if not device.startswith("cuda"):
+        raise CLIError("--offload-bandwidth needs --device cuda: offload saves device memory by moving "
+                       "activations to host memory, and on the CPU they are the same memory")
+    if value in DEFAULT_BANDWIDTHS:
+        return DEFAULT_BANDWIDTHS[value]
+    if value == "measure":
+        from monet.profiling.bandwidth import measure_host_bandwidth
+
+        bw = measure_host_bandwidth(device=device)
+        log(f"measured host<->device bandwidth: {bw / 1e9:.1f} GB/s")
+        return bw
+    try:
+        bw = float(value)
+    except ValueError:
+        raise CLIError(f"--offload-bandwidth must be bytes per second (e.g. 50e9), one of "
+                       f"{', '.join(DEFAULT_BANDWIDTHS)} or 'measure', got {value!r}") from None
+    if bw <= 0:
+        raise CLIError(f"--offload-bandwidth must be > 0 bytes per second, got {value!r}")
+    return bw
 
 
 HELP = "solve the ILP for a model, batch size and budget"
@@ -77,6 +116,11 @@ def add_arguments(p) -> None:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("--offload-bandwidth", default=None, metavar="BW",
+                   help="let the ILP offload kept activations to pinned host memory over a link of BW "
+                        "bytes/s per direction (a number such as 50e9, a preset: "
+                        f"{', '.join(OFFLOAD_PRESETS)}, or 'measure' on a CUDA device); --mode normal "
+                        "only; off by default and on CPU")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="solution file to write")
 
 
@@ -109,6 +153,7 @@ def run(args) -> int:
     if not (device == "cpu" or device.startswith("cuda")):
         raise CLIError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
     on = device if (device == "cpu" or torch.cuda.is_available()) else "cpu"
+    bandwidth = offload_bandwidth(args.offload_bandwidth, args.mode, device)
     amp = autocast_dtype(args.autocast, device, on)
 
     model, x, graph = build_and_capture(args.model, args.batch_size, shape, on, spec, amp,
@@ -129,9 +174,11 @@ def run(args) -> int:
             with timed_step(f"finding the smallest feasible budget ({args.solver}, "
                             f"time limit {args.time_limit:g} s)") as s:
                 budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit,
-                                            device.split(":")[0], cost_fn, progress=log)
-                lower = min_budget_lower(graph, costs, args.mode, args.solver, args.time_limit,
-                                         device.split(":")[0], cost_fn)  # the same search, cached
+                                            device.split(":")[0], cost_fn, progress=log,
+                                            offload_bandwidth=bandwidth)
+                # the same search, cached (with offload: a search of its own, not run for this note)
+                lower = None if bandwidth else min_budget_lower(graph, costs, args.mode, args.solver,
+                                                                args.time_limit, device.split(":")[0], cost_fn)
                 s["note"] = f"{fmt_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
                     "" if proven or lower is None else f"; no schedule below {fmt_size(lower)} (LP bound)")
         elif budget is None:
@@ -139,7 +186,8 @@ def run(args) -> int:
         with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "
                         f"{args.solver}, time limit {args.time_limit:g} s") as s:
             sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
-                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap)
+                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
+                        offload_bandwidth=bandwidth)
             s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
