@@ -22,7 +22,7 @@ For each zoo model, at a CPU-sized configuration (`CONFIGS`; ``--batch-size``, `
    `hybrid_cost_fn` (their operators measured once).  An infeasible budget is a table row, not a
    crash.
 4. **Peers**: Chen's sqrt(n) checkpointing and ``torch.compile`` with
-   ``activation_memory_budget`` 1.0, 0.5, 0.1 and 0.0 (`benchmarks/peers.py`): measured peak and
+   ``activation_memory_budget`` 1.0, 0.5, 0.1 and 0.0 (`monet.profiling.baselines`): measured peak and
    overhead.  A failure is reported in its row.
 
 Memory is reported in MiB (2^20 bytes), overhead as (median time / median plain time - 1).  Under
@@ -205,7 +205,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
     from monet.profiling.check import measure_iteration_peak, output_grad
     from monet.profiling.costs import analytic_costs, costs_for
     from monet.profiling.sources import with_measured_workspace
-    from peers import chen_sqrt_checkpoint, compile_with_activation_budget
+    from monet.profiling.baselines import chen_sqrt_checkpoint, compile_with_activation_budget
     from monet.solver.ilp import InfeasibleBudgetError
     from monet.solver.solve import eager_peak, min_budget, parse_budget, solve
     from monet.wrapper import MONeTWrapper
@@ -431,7 +431,7 @@ NOTES = """\
 - **Peers.** *Chen sqrt(n)*: `torch.utils.checkpoint` (use_reentrant=False, preserve_rng_state=True) on
   round(sqrt(n)) segments of the model's sequential units, cut as `checkpoint_sequential` cuts them;
   U-Net, which is not sequential, checkpoints each of its 9 encoder/decoder blocks individually
-  (`benchmarks/peers.py`). Plain `torch.utils.checkpoint` updates BatchNorm running statistics a
+  (`monet.profiling.baselines`). Plain `torch.utils.checkpoint` updates BatchNorm running statistics a
   second time when it recomputes a segment (gradients are unaffected); the peer restores them around
   the recomputation (`restore_bn_stats=True`), which costs a copy of the BatchNorm buffers (KiB).
   *torch.compile budget b*: `torch.compile(model, backend="aot_eager_decomp_partition")` compiled

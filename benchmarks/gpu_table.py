@@ -26,7 +26,7 @@ files in ``--work-dir``, so the solve can run on a laptop between two GPU sessio
    Writes ``WORK/MODEL/solutions/*.pkl`` and ``WORK/MODEL/solve.json``.
 3. **measure** (on ``--device``): plain PyTorch, each schedule (`monet.wrapper.MONeTWrapper`) and
    the peers (Chen's sqrt(n) checkpointing and ``torch.compile``'s activation memory budget,
-   `benchmarks/peers.py`), each: peak allocated bytes of one forward+backward iteration after
+   `monet.profiling.baselines`), each: peak allocated bytes of one forward+backward iteration after
    warm-up (CUDA ``max_memory_allocated``; CPU: allocator events, `monet.profiling.memory`), peak
    reserved bytes (CUDA ``max_memory_reserved``, after ``torch.cuda.empty_cache()`` so earlier
    candidates' cached blocks do not count) and reserved / allocated (fragmentation), overhead
@@ -286,7 +286,7 @@ def step_measure(cfg: Config, args, log: Log) -> dict:
 
     from bench import one_iteration_s, timed_repeats
     from monet.profiling.check import compare_gradients, output_grad, overhead
-    from peers import chen_sqrt_checkpoint, compile_with_activation_budget
+    from monet.profiling.baselines import chen_sqrt_checkpoint, compile_with_activation_budget
     from monet.profiling.profiler import device_name
     from monet.solution import load_solution
     from monet.wrapper import MONeTWrapper

@@ -14,10 +14,10 @@ trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers m
    smallest feasible budget when that is higher (the row says so): measured peak, overhead
    (interleaved medians against plain PyTorch, `monet.profiling.check.step_overhead`) and the
    solver's predicted overhead;
-4. the peers: Chen's checkpointing (`checkpoint_blocks` in `benchmarks/peers.py`: sqrt(n) segments of
+4. the peers: Chen's checkpointing (`checkpoint_blocks` in `monet.profiling.baselines`: sqrt(n) segments of
    a sequence of units, or each block of a transformer's block list; "n/a" with the reason where
    neither is found) and ``torch.compile``'s ``activation_memory_budget``
-   (`compile_with_activation_budget` in `benchmarks/peers.py`): the budget among `COMPILE_BUDGETS`
+   (`compile_with_activation_budget` in `monet.profiling.baselines`): the budget among `COMPILE_BUDGETS`
    whose measured peak is closest to MONeT normal's is timed;
 5. the section `SECTION` of ``--out`` is replaced (or appended), the rest of the file kept, after
    every model, so an interrupted run keeps its rows.  An error is the model's row, not a crash.
@@ -119,7 +119,7 @@ class Bench:
 def bench_model(res: Result, args, log, save) -> None:
     from monet.plan import prepare
     from monet.profiling.check import step_peak, training_step
-    from peers import checkpoint_blocks, compile_with_activation_budget
+    from monet.profiling.baselines import checkpoint_blocks, compile_with_activation_budget
     from monet.solver.solve import min_budget
 
     b = Bench(res.model, res.batch, log)
@@ -270,7 +270,7 @@ def section(results: list[Result], command: str, started: str, elapsed: float, f
         "is higher. Cells: measured peak MiB (/ plain measured) @ overhead, the interleaved median "
         "iteration time / plain's - 1 (`step_overhead`), and for MONeT the solver's predicted overhead. "
         "*Chen*: `torch.utils.checkpoint` on round(sqrt(n)) segments of the model's sequence of units, or on "
-        "each block of a transformer's block list (`peers.checkpoint_blocks`; notes say which). "
+        "each block of a transformer's block list (`monet.profiling.baselines.checkpoint_blocks`; notes say which). "
         "*torch.compile*: `aot_eager_decomp_partition` under `activation_memory_budget` b, the b among "
         f"{', '.join(f'{x:g}' for x in COMPILE_BUDGETS)} whose measured peak is closest to MONeT normal's "
         "(notes list every b's peak). CPU times on these shared cores drift by about 20 % between runs, "

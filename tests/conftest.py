@@ -1,6 +1,6 @@
 """The benchmarks (``benchmarks/``, not installed) import each other by module name, as when run as
 ``python benchmarks/NAME.py``: their folder goes on the import path for the tests that use them
-(tests/test_peers.py, tests/test_bench_gpu.py)."""
+(tests/test_bench_gpu.py)."""
 import sys
 from pathlib import Path
 

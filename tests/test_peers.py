@@ -1,4 +1,4 @@
-"""The comparison methods (benchmarks/peers.py): same gradients as plain PyTorch, documented BN behaviour."""
+"""The comparison methods (monet.profiling.baselines): same gradients as plain PyTorch, documented BN behaviour."""
 import copy
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from monet.profiling.check import output_grad, max_rel_diff, measure_iteration_peak
-from peers import (checkpoint_blocks, chen_sqrt_checkpoint, compile_with_activation_budget,
-                                   sequential_units)
+from monet.profiling.baselines import (checkpoint_blocks, chen_sqrt_checkpoint, compile_with_activation_budget,
+                                       sequential_units)
 from monet.zoo.models import example_input, get_model
 
 
