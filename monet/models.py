@@ -9,8 +9,9 @@ from __future__ import annotations
 
 
 def build(model_name: str, batch_size: int | None, input_shape: tuple[int, ...] | None = None,
-          device: str = "cpu", dtype=None, inputs_spec: str | None = None):
-    """(model, `monet.inputs.ExampleInputs`) on ``device``, from seed 0.
+          device: str = "cpu", dtype=None, inputs_spec: str | None = None, **model_kwargs):
+    """(model, `monet.inputs.ExampleInputs`) on ``device``, from seed 0; ``model_kwargs`` go to the
+    factory (a zoo model's scaling arguments: ``base_width=16``).
 
     The inputs come from ``inputs_spec`` (the ``--inputs`` syntax, `monet.inputs.parse_inputs_spec`),
     or the factory's own example inputs (a factory returning ``(model, example_inputs)``), or one
@@ -28,7 +29,8 @@ def build(model_name: str, batch_size: int | None, input_shape: tuple[int, ...] 
         raise ValueError(f"the batch size (--batch-size) must be positive, got {batch_size}")
     torch.manual_seed(0)
     try:
-        model, inputs = get_model_and_inputs(model_name, batch_size, input_shape, inputs_spec, dtype=dtype)
+        model, inputs = get_model_and_inputs(model_name, batch_size, input_shape, inputs_spec, dtype=dtype,
+                                             **model_kwargs)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         raise ValueError(f"cannot build model {model_name!r}: {e}") from None
     return model.to(device), inputs.to(device)

@@ -81,7 +81,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["SEGMENTATIONS", "sequential_units", "ChenCheckpointed", "chen_sqrt_checkpoint",
+__all__ = ["SEGMENTATIONS", "sequential_units", "ChenCheckpointed", "chen_sqrt_checkpoint", "chen_checkpoint",
            "checkpoint_blocks", "CompiledWithBudget", "compile_with_activation_budget"]
 
 Unit = Callable[[torch.Tensor], torch.Tensor]
@@ -392,3 +392,18 @@ def compile_with_activation_budget(model: nn.Module, budget: float) -> CompiledW
         budget: fraction in [0, 1] of the default partitioner's saved activations to keep.
     """
     return CompiledWithBudget(model, budget)
+
+
+def chen_checkpoint(model: nn.Module) -> tuple[nn.Module, str]:
+    """Chen's checkpointing of any model: `chen_sqrt_checkpoint` for a model with a known
+    segmentation (zoo models, ``nn.Sequential``), else `checkpoint_blocks` (``model`` patched in
+    place).  Returns (the module to train, what was checkpointed, in words).
+
+    Raises:
+        ValueError: neither applies (the message says where `checkpoint_blocks` looked).
+    """
+    try:
+        wrapped = chen_sqrt_checkpoint(model)
+    except ValueError:
+        return model, checkpoint_blocks(model)
+    return wrapped, wrapped.extra_repr()

@@ -272,16 +272,23 @@ def test_console_script_exit_status(model_arg, workdir):
 
 
 def test_demo_on_a_small_model(model_arg, workdir, capsys):
-    """The demo's whole pipeline (solve, train side by side, measure) on the tiny model."""
+    """The demo's whole pipeline (solve at two budgets, measure every method, plot) on the tiny model."""
+    plot = workdir / "frontier.png"
     assert main(["demo", "--model", model_arg, "--batch-size", "2", "--input-shape", "3,16,16",
-                 "--time-limit", "10", "--repeats", "1", "--device", "cpu",
-                 "--cache-dir", str(workdir / "cache")]) == 0
+                 "--budgets", "50%,40%", "--time-limit", "10", "--repeats", "1", "--steps", "2",
+                 "--device", "cpu", "--plot", str(plot), "--cache-dir", str(workdir / "cache")]) == 0
     captured = capsys.readouterr()
-    for row in ("plain PyTorch peak (measured)", "monet peak (measured)", "memory saved", "overhead (measured)",
-                "gradient difference, step 1 (relative, all gradients)", "implementations other than PyTorch's"):
-        assert row in captured.out
-    assert "losses bit-identical (3 steps)" in captured.out
-    lines = {line.split("  ")[0]: line.split()[-1] for line in captured.out.splitlines() if "  " in line}
-    assert lines["losses bit-identical (3 steps)"] == "yes"
-    assert lines["within budget"] == "yes"
+    rows = {}
+    for line in captured.out.splitlines():
+        for method in ("plain PyTorch", "Chen sqrt(n)", "torch.compile 0.5", "monet 50%", "monet 40%"):
+            if line.strip().startswith(method):
+                rows[method] = line.strip()[len(method):].split()
+    assert set(rows) == {"plain PyTorch", "Chen sqrt(n)", "torch.compile 0.5", "monet 50%", "monet 40%"}
+    assert rows["plain PyTorch"][3:5] == ["100", "%"] and rows["plain PyTorch"][-1] == "reference"
+    for method in ("monet 50%", "monet 40%"):
+        budget, predicted, peak = (float(v) for v in rows[method][:3])
+        assert peak <= budget and predicted <= budget, rows[method]
+        assert rows[method][-1] == "bitwise"  # normal mode: recomputation changes no bit on the CPU
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "above its budget" not in captured.out
     assert "demo finished" in captured.err

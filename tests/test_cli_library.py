@@ -1,6 +1,6 @@
 """The library pieces the command line is built on: `monet.models.build`, `monet.profiling.training`
-(the demo's side-by-side training), `monet.profiling.sources.gpu_spec_for_hybrid` and
-`monet.profiling.markdown.write_section`."""
+(the demo's loss), `monet.profiling.comparison` and `.frontier` (the demo's rows and plot),
+`monet.profiling.sources.gpu_spec_for_hybrid` and `monet.profiling.markdown.write_section`."""
 import copy
 
 import pytest
@@ -11,7 +11,9 @@ from monet.inputs import ExampleInputs
 from monet.models import build, input_info
 from monet.profiling.markdown import write_section
 from monet.profiling.sources import gpu_spec_for_hybrid
-from monet.profiling.training import random_target_loss, train_side_by_side
+from monet.profiling.comparison import MethodResult, Training
+from monet.profiling.frontier import frontier_plot
+from monet.profiling.training import random_target
 
 
 def test_build_is_seeded_and_reports_what_is_wrong(tmp_path):
@@ -36,30 +38,32 @@ class Tiny(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def test_side_by_side_of_one_model_with_itself_is_identical():
+def _training(model, x, steps=3):
+    loss_fn, target = random_target(model, x, tokens=False)
+    return Training.of(copy.deepcopy(model), x, steps, lambda out: loss_fn(out, target))
+
+
+def test_training_of_one_model_against_itself_is_bitwise():
     torch.manual_seed(0)
     model = Tiny()
     x = ExampleInputs.of(torch.randn(4, 6))
-    loss_fn = random_target_loss(model, x, tokens=False)
-    res = train_side_by_side(copy.deepcopy(model), copy.deepcopy(model), x, loss_fn, steps=3,
-                             same=copy.deepcopy(model))
-    assert len(res.schedule_losses) == len(res.plain_losses) == len(res.same_losses) == 3
-    assert res.identical and res.identical_to_same and res.grad_diff == 0.0 and res.same_diff == 0.0
-    assert res.plain_losses[2] < res.plain_losses[0]  # SGD trains
+    a, b = _training(model, x), _training(model, x)
+    assert len(a.losses) == 3 and a.versus(b) == (True, 0.0)
+    assert a.losses[2] < a.losses[0]  # SGD trains
 
 
-def test_side_by_side_sees_a_different_model():
+def test_training_sees_a_different_model():
     torch.manual_seed(0)
     model = Tiny()
     other = copy.deepcopy(model)
     with torch.no_grad():
         other.b.weight.mul_(1.5)
     x = ExampleInputs.of(torch.randn(4, 6))
-    res = train_side_by_side(other, copy.deepcopy(model), x, random_target_loss(model, x, False), steps=1)
-    assert not res.identical and res.grad_diff > 0 and res.same_losses == []
+    bitwise, error = _training(other, x, steps=1).versus(_training(model, x, steps=1))
+    assert not bitwise and error > 0
 
 
-def test_random_target_loss_of_a_language_model_takes_classes_from_the_last_dim():
+def test_random_target_of_a_language_model_takes_classes_from_the_last_dim():
     class LM(nn.Module):
         def __init__(self):
             super().__init__()
@@ -69,8 +73,29 @@ def test_random_target_loss_of_a_language_model_takes_classes_from_the_last_dim(
             return self.emb(ids)  # (B, T, V)
 
     ids = ExampleInputs.of(torch.randint(0, 11, (2, 5)))
-    loss = random_target_loss(LM(), ids, tokens=True)(ids.call(LM()))
+    loss_fn, target = random_target(LM(), ids, tokens=True)
+    assert target.shape == (2, 5) and int(target.max()) < 11
+    loss = loss_fn(ids.call(LM()), target)
     assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def test_random_target_of_a_model_with_its_own_loss_is_none():
+    class Own(nn.Module):
+        def forward(self, x):
+            return {"loss": x.sum()}
+
+    assert random_target(Own(), ExampleInputs.of(torch.randn(2, 3)), tokens=False) is None
+
+
+def test_frontier_plot_writes_a_png(tmp_path):
+    rows = [MethodResult("plain PyTorch", peak_bytes=100 * 2**20, overhead=0.0),
+            MethodResult("monet 50%", peak_bytes=50 * 2**20, overhead=0.1),
+            MethodResult("monet 40%", peak_bytes=40 * 2**20, overhead=0.4),
+            MethodResult("Chen sqrt(n)", note="n/a: not sequential")]  # no peak: left out
+    out = frontier_plot(rows, tmp_path / "f.png", title="t")
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(OSError):
+        frontier_plot(rows, tmp_path / "missing" / "f.png")
 
 
 def test_gpu_spec_for_hybrid_on_the_cpu_is_its_own():

@@ -40,7 +40,7 @@ commands:
   solve     capture MODEL, cost its operators, solve the ILP at a budget, write a solution file
   check     run a solution against plain PyTorch: gradients, measured peak memory, time overhead
   profile   measure every operator's time and workspace on a device, write the cost table (CSV)
-  demo      the whole job on ResNet-50 (small batch and images) on the CPU, in about three minutes
+  demo      plain PyTorch, Chen, torch.compile and monet at two budgets, side by side (CPU, a minute)
   zoo       prebuilt schedules: list, get NAME -o FILE, build, verify, plot
 
 examples:

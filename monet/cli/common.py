@@ -214,12 +214,12 @@ def parse_budget_arg(text: str, eager_peak_bytes: int | None = None) -> int:
 
 
 def build_model(model_name: str, batch_size: int | None, input_shape: tuple[int, ...] | None = None,
-                device: str = "cpu", dtype=None, inputs_spec: str | None = None):
-    """`monet.models.build` (the same weights and inputs on every call)."""
+                device: str = "cpu", dtype=None, inputs_spec: str | None = None, **model_kwargs):
+    """`monet.models.build` (the same weights and inputs on every call); a known error becomes a `CLIError`."""
     from monet.models import build
 
     with reported():
-        return build(model_name, batch_size, input_shape, device, dtype, inputs_spec)
+        return build(model_name, batch_size, input_shape, device, dtype, inputs_spec, **model_kwargs)
 
 
 def build_and_capture(model_name: str, batch_size: int | None, input_shape, device: str, inputs_spec: str | None,

@@ -1,164 +1,211 @@
-"""monet demo: the whole job (solve, train side by side with plain PyTorch, measure) on a default model."""
+"""monet demo: what monet is for, in one table: plain PyTorch, Chen's sqrt(n) checkpointing,
+``torch.compile``'s activation memory budget and monet at two budgets, trained from the same
+weights and measured side by side (peak, overhead, gradients), with the frontier as a PNG."""
 from __future__ import annotations
 
-import collections
 import copy
 import time
 from pathlib import Path
 
-from monet.cli.common import (CLIError, add_inputs_args, build_model, capture_graph, check_inputs_spec,
-                              cost_arrays, cost_fn_for, costs_table, fmt_mib, fmt_pct, fmt_size, log,
-                              parse_budget_arg, parse_shape, resolve_device, rows_table, timed_step)
+from monet.cli.common import (CLIError, add_inputs_args, build_model, check_inputs_spec, fmt_pct, log,
+                              parse_shape, reported, resolve_device, timed_step)
 
 DEMO_MODEL = "resnet50"
-DEMO_BATCH = 8
-DEMO_SHAPE = (3, 96, 96)
-
+DEMO_WIDTH = 16  # ResNet-50's depth at a quarter of its width: 1.9 M parameters
+DEMO_BATCH = 64
+DEMO_SHAPE = (3, 64, 64)
+OTHER_BATCH = 8  # another --model's default batch
+DEMO_BUDGETS = "50%,40%"
+COMPILE_BUDGET = 0.5
+MiB = 2**20
 
 EPILOG = f"""\
-The demo builds {DEMO_MODEL} (the real architecture) at batch {DEMO_BATCH} and input
-{"x".join(map(str, DEMO_SHAPE))}, captures it, costs it (analytic times, workspace from a quick
-profile, cached), solves the ILP at --budget (default 80 % of plain PyTorch's simulated peak: at
-this batch and input, parameters and their gradients are two thirds of the peak, so 80 % drops about
-60 % of the activations; the smallest feasible budget the solver finds is used instead, and said,
-when the budget is infeasible), then trains 3 SGD steps with
-the schedule and with plain PyTorch from the same weights and data, and prints the measured peaks,
-the overhead, the gradient difference and whether the losses are bit-identical. When the schedule
-runs implementations other than PyTorch's (another convolution kernel changes the arithmetic: on
-ResNet-50 at this size PyTorch's own CPU kernels, oneDNN on or off, differ by 2.5 % in gradients),
-a third copy runs those implementations without the schedule, and the schedule is compared with it
-too: recomputation itself must change nothing (bitwise).
+The default model is {DEMO_MODEL} (the real architecture) at a quarter of its width (base width
+{DEMO_WIDTH}), batch {DEMO_BATCH}, input {"x".join(map(str, DEMO_SHAPE))}: its parameters and their
+gradients are about 13 % of plain PyTorch's peak, the activations most of the rest, as on a GPU at
+MONeT's batch sizes. The demo captures and costs it once (analytic times, workspace from a quick
+profile, cached), solves the ILP in normal mode (keep or recompute) at each of --budgets (a budget
+below the smallest feasible one is solved at the smallest found, and said), then measures, each
+against plain PyTorch from the same weights and data: plain PyTorch, Chen's sqrt(n) checkpointing
+(torch.utils.checkpoint), torch.compile with activation_memory_budget {COMPILE_BUDGET:g}
+(--compile-budget), and monet at each budget. Columns: the measured peak of one training iteration
+(allocator level) and its share of plain PyTorch's; the overhead (median iteration time over plain
+PyTorch's, interleaved, minus 1); the gradient check (losses of --steps SGD steps and the first
+step's gradients: "bitwise" when equal to plain PyTorch's bit for bit, else the largest relative
+gradient difference); for monet the budget and the solver's predicted peak. The frontier (peak on
+x, overhead on y) goes to --plot. In full mode (--mode full) the schedule also picks operator
+implementations; on the CPU those change the arithmetic (another convolution kernel: PyTorch's own
+CPU kernels, oneDNN on or off, differ by about 2 % in ResNet-50's gradients), so its gradient
+check shows a relative error, not "bitwise". torch.compile decomposes operators, which changes
+rounding too. Takes about a minute on 2 CPU cores (the first run profiles workspace and caches it).
+
+examples:
+  monet demo
+  monet demo --budgets 70%,min --plot frontier.png
+  monet demo --model gpt2-small --inputs 256:int64:50257 --batch-size 4
 """
 
-
-HELP = "the whole job on ResNet-50 on the CPU in about three minutes"
-DESCRIPTION = "Solve, train and measure a default model end to end."
+HELP = "plain PyTorch, Chen, torch.compile and monet at two budgets on a ResNet-50, CPU, about a minute"
+DESCRIPTION = "Compare monet with plain PyTorch and its peers on a default model: one table, one plot."
 
 
 def add_arguments(p) -> None:
     """The options of ``monet demo`` on its parser ``p``."""
-    p.add_argument("--model", default=DEMO_MODEL, help="MODEL (see monet --help)")
+    p.add_argument("--model", default=None,
+                   help=f"MODEL (see monet --help; default {DEMO_MODEL} at base width {DEMO_WIDTH})")
     p.add_argument("--batch-size", "-b", type=int, default=None,
-                   help=f"batch size (default {DEMO_BATCH}, or the inputs' of a factory that returns "
-                        "(model, example_inputs))")
-    add_inputs_args(p, shape_help=f"one sample's shape (default {','.join(map(str, DEMO_SHAPE))} for "
-                                  f"{DEMO_MODEL}, else the zoo model's)")
+                   help=f"batch size (default {DEMO_BATCH} for the default model, {OTHER_BATCH} for another, "
+                        "or the inputs' of a factory that returns (model, example_inputs))")
+    add_inputs_args(p, shape_help=f"one sample's shape (default {','.join(map(str, DEMO_SHAPE))} for the "
+                                  "default model, else the zoo model's)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available)")
-    p.add_argument("--steps", type=int, default=3, help="SGD steps to train")
-    p.add_argument("--repeats", type=int, default=3, help="timed iterations of each for the overhead")
-    p.add_argument("--budget", default="80%", help='memory budget, as for monet solve ("80%%", "200MiB", bytes)')
-    p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit per solve")
+    p.add_argument("--budgets", "--budget", default=DEMO_BUDGETS, metavar="B1,B2",
+                   help='monet\'s memory budgets, comma-separated, each as for monet solve ("50%%", "200MiB", '
+                        'bytes) or "min" (the smallest feasible budget the solver finds)')
+    p.add_argument("--mode", default="normal", help='"normal" (keep or recompute) or "full" (operator '
+                                                    "implementations chosen too)")
+    p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET, metavar="F",
+                   help="torch.compile's activation_memory_budget, in [0, 1]")
+    p.add_argument("--steps", type=int, default=3, help="SGD steps of the gradient check")
+    p.add_argument("--repeats", type=int, default=5, help="timed iterations of each method for the overhead")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="solver time limit per solve")
+    p.add_argument("--plot", type=Path, default=Path("monet_demo.png"), metavar="PATH",
+                   help="where to write the frontier plot (PNG)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
 
 
-def run(args) -> int:
-    """Build, capture, cost (hybrid), solve at --budget (or the smallest feasible budget found),
-    train side by side with plain PyTorch (`monet.profiling.training`), measure; prints a table."""
-    from monet.models import input_info
-    from monet.profiling import check as chk
-    from monet.profiling.sources import gpu_spec_for_hybrid
-    from monet.profiling.training import random_target_loss, train_side_by_side
-    from monet.solution import describe
-    from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.solve import eager_peak, same_kernels_solution, solve
-    from monet.wrapper import MONeTWrapper
-    from monet.zoo.models import MODELS
+def _budgets(text: str) -> list[str]:
+    budgets = [b.strip() for b in text.split(",") if b.strip()]
+    if not budgets:
+        raise CLIError(f"--budgets {text!r} names no budget: give e.g. 50%,40% or 70%,min")
+    return budgets
 
-    t_start = time.perf_counter()
-    device = resolve_device(args.device)
+
+def _build(args, device: str):
+    """(model, inputs, name) for the options: the default model, or --model."""
     shape = parse_shape(args.input_shape)
     spec = check_inputs_spec(args.inputs)
-    if shape is None and spec is None and args.model == DEMO_MODEL:
-        shape = DEMO_SHAPE
+    if args.model is None:
+        return (*build_model(DEMO_MODEL, args.batch_size or DEMO_BATCH, shape or DEMO_SHAPE, device,
+                             inputs_spec=spec, base_width=DEMO_WIDTH), f"{DEMO_MODEL} (base width {DEMO_WIDTH})")
     batch = args.batch_size
     if batch is None:  # a file model without --input-shape or --inputs must bring its own inputs (and batch)
         own = shape is None and spec is None and ".py:" in args.model
-        batch = None if own else DEMO_BATCH
-    with timed_step(f"building {args.model} on {device}") as s:
-        model, x = build_model(args.model, batch, shape, device, inputs_spec=spec)
-        s["note"] = (f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
-                     f"inputs {x.describe()}")
-    shape = tuple(x.first.shape[1:])
-    with timed_step("capturing the forward and backward graph") as s:
-        graph = capture_graph(model, x)
-        s["note"] = graph.describe()
-    with timed_step("costing: analytic times, workspace from a quick profile (cached after the first run)"):
-        gpu_spec = gpu_spec_for_hybrid(device)  # a GPU without a preset: h100's roofline ranks recomputations
-        table = costs_table("hybrid", model, x, graph, device, gpu_spec, args.cache_dir)
-        costs = cost_arrays(graph, table)
-    cost_fn = cost_fn_for("hybrid", model, x, graph, table, device, gpu_spec)
-    mode = "inplace_conv_multiway_newnode"
-    kw = dict(time_limit=args.time_limit, info=None, device=device.split(":")[0], cost_fn=cost_fn)
-    eager = eager_peak(graph, costs)
-    budget = parse_budget_arg(args.budget, eager)
-    kw["info"] = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
-    log(f"plain PyTorch's simulated peak: {fmt_size(eager)}; target budget {args.budget}: {fmt_size(budget)}")
-    note = ""
-    solving = f"(mode {mode}, CBC, time limit {args.time_limit:g} s)"
-    try:
-        with timed_step(f"solving the ILP at {fmt_size(budget)} {solving}") as s:
-            try:
-                sol = solve(graph, costs, budget, mode, **kw)
-                s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
-            except InfeasibleBudgetError as e:
-                if e.min_budget_bytes is None:
-                    raise
-                s["note"] = "infeasible"
-                note = (f"the budget {args.budget} ({fmt_size(budget)}) is infeasible for this model: "
-                        f"solved at the smallest feasible budget found, {fmt_size(e.min_budget_bytes)} "
-                        f"({100 * e.min_budget_bytes / eager:.0f} %)")
-                budget = e.min_budget_bytes
-        if note:
-            log(note)
-            with timed_step(f"solving the ILP at {fmt_size(budget)} {solving}") as s:
-                sol = solve(graph, costs, budget, mode, **kw)
-                s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
-    except RuntimeError as e:
-        raise CLIError(str(e)) from None
-    print(describe(sol))
+        batch = None if own else OTHER_BATCH
+    return (*build_model(args.model, batch, shape, device, inputs_spec=spec), args.model)
 
-    # train side by side from the same weights, data and RNG; implementations with other
-    # arithmetic than PyTorch's change gradients by themselves: the same implementations without the
-    # schedule (keep everything) separate their effect from the schedule's
+
+def _gradients(r) -> str:
+    if r.bitwise is None:
+        return "-"
+    return "bitwise" if r.bitwise else f"max rel. error {r.grad_error:.1e}"
+
+
+def results_table(results, plain_peak: int):
+    """The demo's table (a pandas DataFrame, one row per `MethodResult`, the first plain PyTorch's):
+    peaks in MiB, overhead and share of ``plain_peak`` (bytes) in percent."""
+    import pandas as pd
+
+    def mib(b):  # a tiny model's peaks are fractions of a MiB
+        return "-" if b is None else (f"{b / MiB:.1f}" if b >= MiB else f"{b / MiB:.3f}")
+
+    return pd.DataFrame([{
+        "method": r.method,
+        "budget MiB": mib(r.budget_bytes),
+        "predicted MiB": mib(r.predicted_peak_bytes),
+        "peak MiB": mib(r.peak_bytes),
+        "% of plain": "-" if r.peak_bytes is None else f"{100 * r.peak_bytes / plain_peak:.0f} %",
+        "overhead": "reference" if r is results[0] else ("-" if r.overhead is None else fmt_pct(r.overhead)),
+        "gradients vs plain": "reference" if r is results[0] else _gradients(r),
+    } for r in results])
+
+
+def run(args) -> int:
+    """Build, capture and cost once (`monet.plan.prepare`), solve at each budget, measure every method
+    against plain PyTorch (`monet.profiling.comparison`); prints the table, writes the plot."""
+    import torch
+
+    from monet.zoo.models import MODELS
+    from monet.plan import WithLoss, prepare
+    from monet.profiling.baselines import chen_checkpoint, compile_with_activation_budget
+    from monet.profiling.check import loss_of, step_peak
+    from monet.profiling.comparison import MethodResult, Training, measure_method
+    from monet.profiling.frontier import frontier_plot
+    from monet.profiling.training import random_target
+
+    t_start = time.perf_counter()
+    budgets = _budgets(args.budgets)
+    if not 0.0 <= args.compile_budget <= 1.0:
+        raise CLIError(f"--compile-budget must lie in [0, 1] (a fraction of the activations), got {args.compile_budget:g}")
+    if args.steps < 1 or args.repeats < 1:
+        raise CLIError("--steps and --repeats must be at least 1")
+    device = resolve_device(args.device)
+    with timed_step("building the model") as s:
+        model, x, name = _build(args, device)
+        s["note"] = f"{name}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, inputs {x.describe()}"
     tokens = args.model in MODELS and MODELS[args.model].input_kind == "tokens"
-    plain = copy.deepcopy(model)
-    wrapped = MONeTWrapper(copy.deepcopy(model), sol, shape)
-    impls = collections.Counter(sol.schedule.impl.values())
-    same = (MONeTWrapper(copy.deepcopy(model), same_kernels_solution(graph, costs, sol, kw["device"], cost_fn), shape)
-            if impls else None)
-    loss_fn = random_target_loss(model, x, tokens)
-    with timed_step(f"training {args.steps} SGD steps with the schedule and with plain PyTorch"):
-        trained = train_side_by_side(wrapped, plain, x, loss_fn, args.steps, same=same, log=log)
-    g = chk.output_grad(model, x)
-    with timed_step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
-        peak_w = chk.measure_iteration_peak(wrapped, x, g)
-        peak_p = chk.measure_iteration_peak(plain, x, g)
-    with timed_step(f"timing {args.repeats} interleaved iterations of each"):  # both warm by now
-        frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats, warmup=0)
+    found = random_target(model, x, tokens)
+    loss_fn, target = found if found is not None else (None, None)
 
-    rows = [("model", f"{args.model}, inputs {x.describe()}, {device}"),
-            ("plain PyTorch peak (measured)", fmt_mib(peak_p)),
-            ("monet peak (measured)", fmt_mib(peak_w)),
-            ("budget", fmt_mib(budget) + (" (smallest feasible found)" if note
-                                          else f" ({args.budget} of simulated plain peak)")),
-            ("monet peak (predicted)", fmt_mib(sol.meta.predicted_peak_bytes)),
-            ("memory saved", f"{100 * (1 - peak_w / peak_p):.1f} %"),
-            ("overhead (measured)", f"{fmt_pct(frac)} ({1e3 * tw:.0f} ms vs {1e3 * tp:.0f} ms per iteration)"),
-            ("overhead (predicted)", fmt_pct(sol.meta.objective_s / sol.meta.eager_time_s - 1)
-             if sol.meta.eager_time_s else "-"),
-            ("implementations other than PyTorch's", ", ".join(f"{k} x{n}" for k, n in sorted(impls.items()))
-             or "none"),
-            ("gradient difference, step 1 (relative, all gradients)", f"{trained.grad_diff:.3g}"),
-            (f"losses bit-identical ({args.steps} steps)", "yes" if trained.identical else "no")]
-    if same is not None:
-        rows += [("  the same implementations without the schedule:", ""),
-                 (f"  gradient difference, all {args.steps} steps (relative)", f"{trained.same_diff:.3g}"),
-                 (f"  losses bit-identical ({args.steps} steps)", "yes" if trained.identical_to_same else "no")]
-    rows += [("within budget", "yes" if peak_w <= budget else "NO")]
+    def fresh(m=None):
+        """A copy of the model from the same weights (or ``m``), trained as every method is: with its loss."""
+        m = copy.deepcopy(model) if m is None else m
+        return WithLoss(m, loss_fn) if loss_fn is not None else m
+
+    with timed_step("capturing and costing (analytic times, workspace from a quick profile, cached)") as s:
+        with reported():
+            plan = prepare(copy.deepcopy(model), x, loss_fn=loss_fn, target=target, cost="hybrid",
+                           cache_dir=args.cache_dir, progress=False)
+        s["note"] = f"{plan.graph.describe()}; plain PyTorch's simulated peak {plan.eager_peak_bytes / MiB:.1f} MiB"
+    inputs = plan.inputs
+    solutions = []
+    for budget in budgets:
+        with timed_step(f"solving at {budget} ({args.mode}, CBC, time limit {args.time_limit:g} s)") as s:
+            try:
+                with reported(f"--budgets {budget}: "):
+                    sol = plan.solve(budget, mode=args.mode, time_limit=args.time_limit, if_infeasible="smallest")
+            except RuntimeError as e:
+                raise CLIError(str(e)) from None
+            meta = sol.meta
+            s["note"] = (f"{meta.status}, budget {meta.budget_bytes / MiB:.1f} MiB, predicted peak "
+                         f"{meta.predicted_peak_bytes / MiB:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
+        solutions.append((budget, sol))
+
+    plain = fresh()
+    with timed_step(f"measuring plain PyTorch: peak, {args.steps} SGD steps (the reference)"):
+        base = MethodResult("plain PyTorch", peak_bytes=step_peak(plain, inputs, loss_of), overhead=0.0, bitwise=True)
+        reference = Training.of(fresh(), inputs, args.steps, loss_of)
+    chen = (MethodResult("Chen sqrt(n)"), lambda: fresh(chen_checkpoint(copy.deepcopy(model))[0]))
+    compiled = (MethodResult(f"torch.compile {args.compile_budget:g}"),
+                lambda: compile_with_activation_budget(fresh(), args.compile_budget))
+    schedules = [(MethodResult(f"monet {budget}", budget_bytes=sol.meta.budget_bytes,
+                               predicted_peak_bytes=sol.meta.predicted_peak_bytes),
+                  lambda sol=sol: plan.wrap(sol, fresh())) for budget, sol in solutions]
+    for r, make in [chen, *schedules, compiled]:  # torch.compile last: it resets dynamo's caches
+        with timed_step(f"measuring {r.method}: peak, {args.steps} SGD steps, {args.repeats} timed iterations"):
+            try:
+                measure_method(r, make(), plain, reference, inputs, args.steps, args.repeats, loss_of, log)
+            except ValueError as e:  # Chen's method on a model without a sequence of units
+                r.note = f"n/a: {e}"
+                log(f"  {r.method}: {r.note}")
+    torch._dynamo.reset()
+    ordered = [base, chen[0], compiled[0], *(r for r, _ in schedules)]
+
     print()
-    print(rows_table(rows))
-    if note:
-        print(f"note: {note}")
+    print(f"{name}, inputs {x.describe()}, {device}; monet in {args.mode} mode, budgets of plain PyTorch's "
+          f"simulated peak ({plan.eager_peak_bytes / MiB:.1f} MiB)")
+    print(results_table(ordered, base.peak_bytes).to_string(index=False))
+    for r in ordered:
+        if r.note:
+            print(f"note: {r.method}: {r.note}")
+    for r in ordered:
+        if r.budget_bytes is not None and r.peak_bytes is not None and r.peak_bytes > r.budget_bytes:
+            print(f"note: {r.method}'s measured peak is above its budget")
+    with timed_step(f"plotting the frontier to {args.plot}"):
+        try:
+            frontier_plot(ordered, args.plot, title=f"{name}, inputs {x.describe()}, {device}")
+        except OSError as e:
+            raise CLIError(f"cannot write the plot to {args.plot}: {e}; give another --plot PATH") from None
     log(f"demo finished in {time.perf_counter() - t_start:.0f} s")
     return 0
