@@ -292,3 +292,12 @@ def test_demo_on_a_small_model(model_arg, workdir, capsys):
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "above its budget" not in captured.out
     assert "demo finished" in captured.err
+
+
+@pytest.mark.parametrize("argv, message", [(["--budgets", "50%,abc"], "cannot read budget 'abc'"),
+                                           (["--budgets", ","], "names no budget"),
+                                           (["--plot", "no_such_folder/f.png"], "does not exist")])
+def test_demo_refuses_bad_options_before_any_slow_step(argv, message, capsys):
+    assert main(["demo", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "building the model" not in err and "Traceback" not in err

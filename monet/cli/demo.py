@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from monet.cli.common import (CLIError, add_inputs_args, build_model, check_inputs_spec, fmt_pct, log,
-                              parse_shape, reported, resolve_device, timed_step)
+                              parse_budget_arg, parse_shape, reported, resolve_device, timed_step)
 
 DEMO_MODEL = "resnet50"
 DEMO_WIDTH = 16  # ResNet-50's depth at a quarter of its width: 1.9 M parameters
@@ -36,8 +36,11 @@ gradient difference); for monet the budget and the solver's predicted peak. The 
 x, overhead on y) goes to --plot. In full mode (--mode full) the schedule also picks operator
 implementations; on the CPU those change the arithmetic (another convolution kernel: PyTorch's own
 CPU kernels, oneDNN on or off, differ by about 2 % in ResNet-50's gradients), so its gradient
-check shows a relative error, not "bitwise". torch.compile decomposes operators, which changes
-rounding too. Takes about a minute on 2 CPU cores (the first run profiles workspace and caches it).
+check shows a relative error, not "bitwise". torch.compile decomposes operators (BatchNorm among
+them), which changes the rounding: its gradient error is the same at activation_memory_budget 1,
+where nothing is recomputed. Overheads are medians of a few iterations on a shared CPU: a few
+percent are noise. Takes about a minute on 2 CPU cores (the first run also profiles workspace, then
+caches it).
 
 examples:
   monet demo
@@ -67,18 +70,30 @@ def add_arguments(p) -> None:
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET, metavar="F",
                    help="torch.compile's activation_memory_budget, in [0, 1]")
     p.add_argument("--steps", type=int, default=3, help="SGD steps of the gradient check")
-    p.add_argument("--repeats", type=int, default=5, help="timed iterations of each method for the overhead")
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="solver time limit per solve")
+    p.add_argument("--repeats", type=int, default=3, help="timed iterations of each method for the overhead")
+    p.add_argument("--time-limit", type=float, default=5.0, metavar="S", help="solver time limit per solve")
     p.add_argument("--plot", type=Path, default=Path("monet_demo.png"), metavar="PATH",
                    help="where to write the frontier plot (PNG)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
 
 
+def _is_min(budget: str) -> bool:
+    return budget.lower() == "min"
+
+
 def _budgets(text: str) -> list[str]:
+    """--budgets as a list, each checked before any slow step (a percentage is checked against 1 TiB).
+
+    Raises:
+        CLIError: no budget, or one that is neither "min" nor a budget `parse_budget_arg` reads.
+    """
     budgets = [b.strip() for b in text.split(",") if b.strip()]
     if not budgets:
         raise CLIError(f"--budgets {text!r} names no budget: give e.g. 50%,40% or 70%,min")
+    for b in budgets:
+        if not _is_min(b):
+            parse_budget_arg(b, 2**40)
     return budgets
 
 
@@ -140,6 +155,9 @@ def run(args) -> int:
         raise CLIError(f"--compile-budget must lie in [0, 1] (a fraction of the activations), got {args.compile_budget:g}")
     if args.steps < 1 or args.repeats < 1:
         raise CLIError("--steps and --repeats must be at least 1")
+    if not args.plot.parent.is_dir():
+        raise CLIError(f"--plot {args.plot}: the folder {args.plot.parent} does not exist; create it or give "
+                       "another PATH")
     device = resolve_device(args.device)
     with timed_step("building the model") as s:
         model, x, name = _build(args, device)
@@ -170,7 +188,11 @@ def run(args) -> int:
             meta = sol.meta
             s["note"] = (f"{meta.status}, budget {meta.budget_bytes / MiB:.1f} MiB, predicted peak "
                          f"{meta.predicted_peak_bytes / MiB:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
-        solutions.append((budget, sol))
+        asked = None if _is_min(budget) else parse_budget_arg(budget, plan.eager_peak_bytes)
+        note = ("" if asked is None or meta.budget_bytes <= asked else
+                f"{budget} ({asked / MiB:.1f} MiB) is below the smallest feasible budget: solved at the "
+                f"smallest found, {meta.budget_bytes / MiB:.1f} MiB")
+        solutions.append((budget, sol, note))
 
     plain = fresh()
     with timed_step(f"measuring plain PyTorch: peak, {args.steps} SGD steps (the reference)"):
@@ -180,8 +202,8 @@ def run(args) -> int:
     compiled = (MethodResult(f"torch.compile {args.compile_budget:g}"),
                 lambda: compile_with_activation_budget(fresh(), args.compile_budget))
     schedules = [(MethodResult(f"monet {budget}", budget_bytes=sol.meta.budget_bytes,
-                               predicted_peak_bytes=sol.meta.predicted_peak_bytes),
-                  lambda sol=sol: plan.wrap(sol, fresh())) for budget, sol in solutions]
+                               predicted_peak_bytes=sol.meta.predicted_peak_bytes, note=note),
+                  lambda sol=sol: plan.wrap(sol, fresh())) for budget, sol, note in solutions]
     for r, make in [chen, *schedules, compiled]:  # torch.compile last: it resets dynamo's caches
         with timed_step(f"measuring {r.method}: peak, {args.steps} SGD steps, {args.repeats} timed iterations"):
             try:
@@ -195,7 +217,10 @@ def run(args) -> int:
     print()
     print(f"{name}, inputs {x.describe()}, {device}; monet in {args.mode} mode, budgets of plain PyTorch's "
           f"simulated peak ({plan.eager_peak_bytes / MiB:.1f} MiB)")
-    print(results_table(ordered, base.peak_bytes).to_string(index=False))
+    table = results_table(ordered, base.peak_bytes)
+    width = int(table["method"].str.len().max())  # the method column left-aligned, header included
+    table["method"] = table["method"].str.ljust(width)
+    print(table.rename(columns={"method": "method".ljust(width)}).to_string(index=False))
     for r in ordered:
         if r.note:
             print(f"note: {r.method}: {r.note}")
