@@ -1,4 +1,5 @@
-"""The methods MONeT is compared with (DESIGN.md, "Measuring"; `monet demo` and the benchmarks), each a module that trains the same model.
+"""The methods MONeT is compared with (DESIGN.md, "Measuring"; ``monet demo`` and the benchmarks),
+each a module that trains the same model.
 
 * `chen_sqrt_checkpoint`: Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost"):
   split the network into about sqrt(n) segments of its n sequential units, keep only each

@@ -21,31 +21,35 @@ MiB = 2**20
 
 EPILOG = f"""\
 The default model is {DEMO_MODEL} (the real architecture) at a quarter of its width (base width
-{DEMO_WIDTH}), batch {DEMO_BATCH}, input {"x".join(map(str, DEMO_SHAPE))}: its parameters and their
-gradients are about 13 % of plain PyTorch's peak, the activations most of the rest, as on a GPU at
-MONeT's batch sizes. The demo captures and costs it once (analytic times, workspace from a quick
-profile, cached), solves the ILP in normal mode (keep or recompute) at each of --budgets (a budget
-below the smallest feasible one is solved at the smallest found, and said), then measures, each
-against plain PyTorch from the same weights and data: plain PyTorch, Chen's sqrt(n) checkpointing
-(torch.utils.checkpoint), torch.compile with activation_memory_budget {COMPILE_BUDGET:g}
-(--compile-budget), and monet at each budget. Columns: the measured peak of one training iteration
-(allocator level) and its share of plain PyTorch's; the overhead (median iteration time over plain
-PyTorch's, interleaved, minus 1); the gradient check (losses of --steps SGD steps and the first
-step's gradients: "bitwise" when equal to plain PyTorch's bit for bit, else the largest relative
-gradient difference); for monet the budget and the solver's predicted peak. The frontier (peak on
-x, overhead on y) goes to --plot. In full mode (--mode full) the schedule also picks operator
-implementations; on the CPU those change the arithmetic (another convolution kernel: PyTorch's own
-CPU kernels, oneDNN on or off, differ by about 2 % in ResNet-50's gradients), so its gradient
-check shows a relative error, not "bitwise". torch.compile decomposes operators (BatchNorm among
-them), which changes the rounding: its gradient error is the same at activation_memory_budget 1,
-where nothing is recomputed. Overheads are medians of a few iterations on a shared CPU: a few
-percent are noise. Takes about a minute on 2 CPU cores (the first run also profiles workspace, then
-caches it).
+{DEMO_WIDTH}), batch {DEMO_BATCH}, input {"x".join(map(str, DEMO_SHAPE))}: its parameters and their gradients are about 13 % of
+plain PyTorch's peak, the activations most of the rest, as on a GPU at MONeT's batch sizes. The
+demo captures and costs it once (analytic times, workspace from a quick profile, cached), solves
+the ILP in --mode (default normal: keep or recompute) at each of --budgets (a budget below the
+smallest feasible one is solved at the smallest found, and said), then measures, each against
+plain PyTorch from the same weights and data: plain PyTorch, Chen's sqrt(n) checkpointing
+(torch.utils.checkpoint), torch.compile with activation_memory_budget {COMPILE_BUDGET:g} (--compile-budget),
+and monet at each budget.
+
+Columns: the measured peak of one training iteration (allocator level) and its share of plain
+PyTorch's; the overhead (median iteration time over plain PyTorch's, interleaved, minus 1); the
+gradient check (losses of --steps SGD steps and the first step's gradients: "bitwise" when equal
+to plain PyTorch's bit for bit, else the largest relative gradient difference of one tensor); for
+monet the budget and the solver's predicted peak. The frontier (peak on x, overhead on y) goes
+to --plot.
+
+In full mode (--mode full) the schedule also picks operator implementations; on the CPU those
+change the arithmetic (another convolution kernel: PyTorch's own CPU kernels, oneDNN on or off,
+differ by about 2 % in ResNet-50's gradients), so its gradient check shows a relative error, not
+"bitwise". torch.compile decomposes operators, which changes the rounding: its gradient error is
+the same at activation_memory_budget 1, where nothing is recomputed. Overheads are medians of a
+few iterations on a shared CPU: a few percent are noise. Takes about a minute on 2 CPU cores
+(the first run also profiles workspace, then caches it).
 
 examples:
   monet demo
   monet demo --budgets 70%,min --plot frontier.png
-  monet demo --model gpt2-small --inputs 256:int64:50257 --batch-size 4
+  monet demo --mode full
+  monet demo --model my_net.py:build --batch-size 32 --input-shape 3,64,64
 """
 
 HELP = "plain PyTorch, Chen, torch.compile and monet at two budgets on a ResNet-50, CPU, about a minute"
@@ -136,6 +140,62 @@ def results_table(results, plain_peak: int):
     } for r in results])
 
 
+def _check_options(args) -> list[str]:
+    """The budgets of --budgets; every option checked before any slow step.
+
+    Raises:
+        CLIError: a bad --budgets, --compile-budget, --steps or --repeats, or a --plot folder that does not exist.
+    """
+    budgets = _budgets(args.budgets)
+    if not 0.0 <= args.compile_budget <= 1.0:
+        raise CLIError(f"--compile-budget must lie in [0, 1] (a fraction of the activations), "
+                       f"got {args.compile_budget:g}")
+    if args.steps < 1 or args.repeats < 1:
+        raise CLIError("--steps and --repeats must be at least 1")
+    if not args.plot.parent.is_dir():
+        raise CLIError(f"--plot {args.plot}: the folder {args.plot.parent} does not exist; create it or give "
+                       "another PATH")
+    return budgets
+
+
+def _solve(plan, budget: str, args):
+    """(budget, `Solution`, note) of ``plan`` at ``budget`` (at the smallest feasible budget found
+    when ``budget`` is below it: the note says so).
+
+    Raises:
+        CLIError: the solver failed (the message says why).
+    """
+    with timed_step(f"solving at {budget} ({args.mode}, CBC, time limit {args.time_limit:g} s)") as s:
+        try:
+            with reported(f"--budgets {budget}: "):
+                sol = plan.solve(budget, mode=args.mode, time_limit=args.time_limit, if_infeasible="smallest")
+        except RuntimeError as e:
+            raise CLIError(str(e)) from None
+        meta = sol.meta
+        s["note"] = (f"{meta.status}, budget {meta.budget_bytes / MiB:.1f} MiB, predicted peak "
+                     f"{meta.predicted_peak_bytes / MiB:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
+    asked = None if _is_min(budget) else parse_budget_arg(budget, plan.eager_peak_bytes)
+    note = ("" if asked is None or meta.budget_bytes <= asked else
+            f"{budget} ({asked / MiB:.1f} MiB) is below the smallest feasible budget: solved at the "
+            f"smallest found, {meta.budget_bytes / MiB:.1f} MiB")
+    return budget, sol, note
+
+
+def _print_table(results) -> None:
+    """`results_table` of ``results`` (plain PyTorch's first) on stdout, method names left-aligned,
+    then a note per method that has one and per schedule whose measured peak is above its budget."""
+    table = results_table(results, results[0].peak_bytes)
+    width = int(table["method"].str.len().max())
+    table["method"] = table["method"].str.ljust(width)
+    print(table.rename(columns={"method": "method".ljust(width)}).to_string(index=False))
+    for r in results:
+        if r.note:
+            print(f"note: {r.method}: {r.note}")
+    for r in results:
+        if r.budget_bytes is not None and r.peak_bytes is not None and r.peak_bytes > r.budget_bytes:
+            print(f"note: {r.method}'s measured peak is above its budget")
+
+
 def run(args) -> int:
     """Build, capture and cost once (`monet.plan.prepare`), solve at each budget, measure every method
     against plain PyTorch (`monet.profiling.comparison`); prints the table, writes the plot."""
@@ -150,18 +210,12 @@ def run(args) -> int:
     from monet.profiling.training import random_target
 
     t_start = time.perf_counter()
-    budgets = _budgets(args.budgets)
-    if not 0.0 <= args.compile_budget <= 1.0:
-        raise CLIError(f"--compile-budget must lie in [0, 1] (a fraction of the activations), got {args.compile_budget:g}")
-    if args.steps < 1 or args.repeats < 1:
-        raise CLIError("--steps and --repeats must be at least 1")
-    if not args.plot.parent.is_dir():
-        raise CLIError(f"--plot {args.plot}: the folder {args.plot.parent} does not exist; create it or give "
-                       "another PATH")
+    budgets = _check_options(args)
     device = resolve_device(args.device)
     with timed_step("building the model") as s:
         model, x, name = _build(args, device)
-        s["note"] = f"{name}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, inputs {x.describe()}"
+        params = sum(p.numel() for p in model.parameters())
+        s["note"] = f"{name}, {params / 1e6:.1f} M parameters, inputs {x.describe()}"
     tokens = args.model in MODELS and MODELS[args.model].input_kind == "tokens"
     found = random_target(model, x, tokens)
     loss_fn, target = found if found is not None else (None, None)
@@ -177,22 +231,7 @@ def run(args) -> int:
                            cache_dir=args.cache_dir, progress=False)
         s["note"] = f"{plan.graph.describe()}; plain PyTorch's simulated peak {plan.eager_peak_bytes / MiB:.1f} MiB"
     inputs = plan.inputs
-    solutions = []
-    for budget in budgets:
-        with timed_step(f"solving at {budget} ({args.mode}, CBC, time limit {args.time_limit:g} s)") as s:
-            try:
-                with reported(f"--budgets {budget}: "):
-                    sol = plan.solve(budget, mode=args.mode, time_limit=args.time_limit, if_infeasible="smallest")
-            except RuntimeError as e:
-                raise CLIError(str(e)) from None
-            meta = sol.meta
-            s["note"] = (f"{meta.status}, budget {meta.budget_bytes / MiB:.1f} MiB, predicted peak "
-                         f"{meta.predicted_peak_bytes / MiB:.1f} MiB, {sol.schedule.recompute_count()} recomputations")
-        asked = None if _is_min(budget) else parse_budget_arg(budget, plan.eager_peak_bytes)
-        note = ("" if asked is None or meta.budget_bytes <= asked else
-                f"{budget} ({asked / MiB:.1f} MiB) is below the smallest feasible budget: solved at the "
-                f"smallest found, {meta.budget_bytes / MiB:.1f} MiB")
-        solutions.append((budget, sol, note))
+    solutions = [_solve(plan, budget, args) for budget in budgets]
 
     plain = fresh()
     with timed_step(f"measuring plain PyTorch: peak, {args.steps} SGD steps (the reference)"):
@@ -207,26 +246,19 @@ def run(args) -> int:
     for r, make in [chen, *schedules, compiled]:  # torch.compile last: it resets dynamo's caches
         with timed_step(f"measuring {r.method}: peak, {args.steps} SGD steps, {args.repeats} timed iterations"):
             try:
-                measure_method(r, make(), plain, reference, inputs, args.steps, args.repeats, loss_of, log)
+                candidate = make()
             except ValueError as e:  # Chen's method on a model without a sequence of units
                 r.note = f"n/a: {e}"
                 log(f"  {r.method}: {r.note}")
+                continue
+            measure_method(r, candidate, plain, reference, inputs, args.steps, args.repeats, loss_of, log)
     torch._dynamo.reset()
     ordered = [base, chen[0], compiled[0], *(r for r, _ in schedules)]
 
     print()
     print(f"{name}, inputs {x.describe()}, {device}; monet in {args.mode} mode, budgets of plain PyTorch's "
           f"simulated peak ({plan.eager_peak_bytes / MiB:.1f} MiB)")
-    table = results_table(ordered, base.peak_bytes)
-    width = int(table["method"].str.len().max())  # the method column left-aligned, header included
-    table["method"] = table["method"].str.ljust(width)
-    print(table.rename(columns={"method": "method".ljust(width)}).to_string(index=False))
-    for r in ordered:
-        if r.note:
-            print(f"note: {r.method}: {r.note}")
-    for r in ordered:
-        if r.budget_bytes is not None and r.peak_bytes is not None and r.peak_bytes > r.budget_bytes:
-            print(f"note: {r.method}'s measured peak is above its budget")
+    _print_table(ordered)
     with timed_step(f"plotting the frontier to {args.plot}"):
         try:
             frontier_plot(ordered, args.plot, title=f"{name}, inputs {x.describe()}, {device}")
