@@ -136,7 +136,7 @@ def bench_model(res: Result, args, log, save) -> None:
     save()
 
     for mode in ("normal", "full"):
-        solver_mode = FULL_MODE if mode == "full" else mode
+        solver_mode = plan.mode_for(FULL_MODE if mode == "full" else mode)  # zero-gamma BatchNorm: no multiway
         least, proven = min_budget(plan.graph, plan.costs, solver_mode, time_limit=args.time_limit,
                                    device=plan.device, cost_fn=plan.cost_fn)
         res.smallest[mode] = (least, proven)
@@ -145,7 +145,7 @@ def bench_model(res: Result, args, log, save) -> None:
             f"{'proven' if proven else 'not proven minimal'}); solving at {_mib(res.budget[mode])} MiB")
         m = res.monet[mode] = Measured()
         try:
-            sol = plan.solve(res.budget[mode], mode=mode, time_limit=args.time_limit, if_infeasible="smallest")
+            sol = plan.solve(res.budget[mode], mode=solver_mode, time_limit=args.time_limit, if_infeasible="smallest")
             res.budget[mode] = sol.meta.budget_bytes
             if sol.meta.eager_time_s:
                 m.predicted_overhead = sol.meta.objective_s / sol.meta.eager_time_s - 1.0

@@ -168,22 +168,34 @@ class Plan:
         if self.progress:
             _log(message)
 
-    def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
-              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False,
-              reserved_bytes: int = 0, offload_bandwidth: float | None = None):
-        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
+    def mode_for(self, mode: str) -> str:
+        """``mode`` as this model can run it: without 'multiway' when a BatchNorm has gamma == 0
+        (its output-activated backward divides by gamma, `monet.impls.batchnorm`; timm's
+        ``zero_init_last``), said in the log.  `solve` applies it; so should a caller that searches
+        budgets with ``monet.solver.solve`` directly (costing a variant runs it).
+
+        Raises:
+            ValueError: an unknown mode.
+        """
         from monet.impls import mode_tokens
-        from monet.solver.ilp import InfeasibleBudgetError
-        from monet.solver.solve import parse_budget, solve
 
         tokens = mode_tokens(mode)
         zero = zero_gamma_batchnorms(self.module)
         if "multiway" in tokens and zero:
-            # BatchNorm rebuilding its input from its output divides by gamma (monet.impls.batchnorm)
             mode = "_".join(t for t in ("inplace", "conv", "newnode", "attention") if t in tokens) or "normal"
             self._log(f"{len(zero)} BatchNorm layer(s) have gamma == 0 ({zero[0]} ...; zero-initialised, as timm's "
                       f"zero_init_last does): their output-activated backward cannot recover the input, so the "
                       f"'multiway' implementations are left out: mode {mode}")
+        return mode
+
+    def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
+              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False,
+              reserved_bytes: int = 0, offload_bandwidth: float | None = None):
+        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
+        from monet.solver.ilp import InfeasibleBudgetError
+        from monet.solver.solve import parse_budget, solve
+
+        mode = self.mode_for(mode)
         if if_infeasible not in ("raise", "smallest"):
             raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
         smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
