@@ -108,7 +108,7 @@ class ILPResult:
     O: np.ndarray | None = None  # (G,) groups offloaded to the host (None without offload)
 
 
-class _Problem:
+class Problem:
     """Variables and constraints shared by the time-minimising and the budget-minimising ILPs.
 
     R is (T, N) over forward nodes; S is (T, G) over the memory model's groups (a node's values
@@ -432,7 +432,6 @@ class _Problem:
 
 # The public name (tests and tools build the ILP's variables and constraints with it); the module's
 # own functions keep the private one until the offload and attention branches are merged.
-Problem = _Problem
 
 
 @dataclass
@@ -470,7 +469,7 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool, s
         kwargs = {"scip_params": {"limits/time": float(time_limit), "limits/absgap": float(gap_abs)}}
     t0 = time.perf_counter()
     try:
-        with warnings.catch_warnings():  # "Solution may be inaccurate": checked by _Problem.integral
+        with warnings.catch_warnings():  # "Solution may be inaccurate": checked by Problem.integral
             warnings.filterwarnings("ignore", message="Solution may be inaccurate")
             problem.solve(solver=SOLVERS[name], verbose=verbose, **kwargs)
     except cp.error.SolverError:
@@ -496,7 +495,7 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
     17 / 27 s instead of 22 / 44 / 58 s.  scipy's HiGHS releases the GIL: `solve_ilp` and
     `solver.solve.solve_full` run it in a thread next to the local search at full scale.
     """
-    P = _Problem(graph, mem, recompute_s, mode, relax=True, recompute_rows=False)
+    P = Problem(graph, mem, recompute_s, mode, relax=True, recompute_rows=False)
     relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
     if not _solve_lp(relaxed, time_limit):
         return None, None, None
@@ -517,7 +516,7 @@ def min_budget_relaxation(graph: OpGraph, mem: MemoryModel, mode: str = "normal"
     here (0.2 s) and a schedule simulated at 56.94 %.  Budgets below the bound are infeasible in
     the model; a schedule found at or below it is the model's smallest.
     """
-    P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode, relax=True, recompute_rows=False)
+    P = Problem(graph, mem, np.zeros(len(graph.fwd)), mode, relax=True, recompute_rows=False)
     b = P.budget_var
     relaxed = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     if not _solve_lp(relaxed, time_limit):
@@ -560,7 +559,7 @@ def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budge
     """MONeT's formulation as written, for contrast: no pruned variables, no LP relaxation, no
     start, the solver called through cvxpy.  Returns sizes, times (s), objective and bound
     (seconds, with ``constant_s``; None where the solver gave none) and cvxpy's status."""
-    P = _Problem(graph, mem, recompute_s, mode, prune=False)
+    P = Problem(graph, mem, recompute_s, mode, prune=False)
     problem = cp.Problem(cp.Minimize(P.time_objective()),
                          P.cons + P.memory_constraints(float(budget) - 1e-6 * P.scale))
     run = _solve(problem, solver, time_limit, False, through_cvxpy=True)
@@ -573,8 +572,8 @@ def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budge
 
 
 def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str) -> tuple[int, int, float]:
-    """(variables, constraint rows, build seconds) of the pruned ILP at a budget (`_Problem`)."""
-    P = _Problem(graph, mem, recompute_s, mode)
+    """(variables, constraint rows, build seconds) of the pruned ILP at a budget (`Problem`)."""
+    P = Problem(graph, mem, recompute_s, mode)
     problem = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(1.0))
     return (sum(v.size for v in problem.variables()), sum(c.size for c in problem.constraints), P.build_time_s)
 
@@ -588,7 +587,7 @@ def _offload_s(mem: MemoryModel, S, R, O=None) -> float:
     return mem.offload.cost(mem.offload.effective(S, R) if O is None else O)
 
 
-def _start(P: _Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
+def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
            deadline: float | None = None, iterate: bool = False):
     """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
     the LP relaxation's ``frac_s`` and checkpoint sets; with a budget also `solver.repair.drop_greedily`
@@ -664,7 +663,7 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     in_model = peak_of is None  # peaks in the ILP's own memory: its optimum is proven
     peak_of = peak_of or mem.peak
     lower, frac_lp = min_budget_relaxation(graph, mem, mode, 0.3 * time_limit)
-    P = _Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
+    P = Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
     problem = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     start = _start(P, graph, mem, np.zeros(len(graph.fwd)), None)
@@ -730,7 +729,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         RuntimeError: the solver found no schedule within the time limit.
     """
     t0 = time.perf_counter()
-    P = _Problem(graph, mem, recompute_s, mode)
+    P = Problem(graph, mem, recompute_s, mode)
     objective = P.time_objective()
     # 1e-6 below the budget: solvers accept violations up to their tolerance
     limit = float(budget) - 1e-6 * P.scale
