@@ -213,6 +213,14 @@ def test_bad_arguments(model_arg, workdir, capsys, args, message):
     assert err.strip().splitlines()[-1].startswith("monet: error: ") and message in err
 
 
+def test_offload_presets_are_the_solvers():
+    """--help names the presets without importing the solver: the two lists stay one."""
+    from monet.cli.solve import OFFLOAD_PRESETS
+    from monet.solver.offload import DEFAULT_BANDWIDTHS
+
+    assert OFFLOAD_PRESETS == tuple(DEFAULT_BANDWIDTHS)
+
+
 def test_offload_solution(workdir):
     """--offload-bandwidth for a CUDA device, solved on this machine with analytic costs: the
     solution records the bandwidth it was planned for and fits its budget."""
