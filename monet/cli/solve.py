@@ -100,9 +100,11 @@ def add_arguments(p) -> None:
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
                    help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
     p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
-                   help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, deterministic, "
-                        "needs no device, but counts no kernel workspace, so the measured peak can "
-                        "exceed the budget by the kernels' temporaries; hybrid: analytic times, "
+                   help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, needs "
+                        "no device; each operator's workspace is charged at an upper bound from its "
+                        "shapes (per op family, measured on CPU; see monet.profiling.workspace), so "
+                        "the budget holds where the schedule runs, at the price of a smallest budget "
+                        "a few percent higher and a predicted peak that is a bound; hybrid: analytic times, "
                         "workspace from a quick run of every operator on --device (cached); "
                         "profile: times and workspace measured on --device (cached)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
@@ -164,8 +166,9 @@ def run(args) -> int:
         s["note"] = f"plain iteration {1e3 * costs.total_time:.1f} ms predicted"
     cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec)
     if args.cost == "analytic":
-        log("note: analytic costs count no kernel workspace, so the measured peak can exceed the "
-             "budget by the kernels' temporaries; --cost hybrid or --cost profile measure them")
+        log("note: analytic costs charge every operator an upper bound on its workspace (per op family; "
+            "monet.profiling.workspace), so the predicted peak is a bound; --cost hybrid or --cost "
+            "profile measure the workspace and give a lower smallest budget")
     eager = eager_peak(graph, costs)
     log(f"plain PyTorch's simulated peak: {fmt_size(eager)} ({eager} bytes)")
     info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
