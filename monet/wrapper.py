@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 
 import torch
 import torch.nn as nn
@@ -96,6 +97,12 @@ class ScheduledModule(nn.Module):
             return fw, bw
 
         return trace(gm, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
+
+    @property
+    def traces(self) -> MappingProxyType:
+        """The traced graphs kept, read-only: `call_key` of the inputs -> the traced module (at most
+        `MAX_TRACES`, oldest first); a call whose key is here runs its trace without tracing again."""
+        return MappingProxyType(self._traces)
 
     def _apply(self, fn, *args, **kwargs):
         self._traces.clear()  # a new device or dtype: export and trace again on the next call
@@ -260,6 +267,13 @@ class MONeTWrapper(nn.Module):
             self.__dict__["_traced"] = ScheduledModule(self.model, lambda g: schedule, check=self._check_graph,
                                                        autocast=autocast)
         return self._traced(*args, **kwargs)
+
+    @property
+    def scheduled(self) -> ScheduledModule | None:
+        """The `ScheduledModule` that runs the training calls (its ``monet_compiled`` holds the last
+        trace's ``graph``, ``schedule``, ``fw`` and ``bw``; its ``traces`` the traces kept), or None
+        before the first training call and after a move to another device or dtype."""
+        return self._traced
 
     def _apply(self, fn, *args, **kwargs):
         self.__dict__["_traced"] = None  # a new device or dtype: trace again on the next call

@@ -63,7 +63,7 @@ def train(module, params, x, y, steps=2):
 
 def ran_schedule(wrapper: MONeTWrapper, sol) -> bool:
     """The wrapper traced its model and built the executor's modules from ``sol``'s schedule."""
-    holder = wrapper._traced.monet_compiled
+    holder = wrapper.scheduled.monet_compiled
     recomputed = sum(1 for n in holder["bw"].graph.nodes if n.meta.get("monet", ("",))[0] == "fwd")
     return holder["schedule"] == sol.schedule and recomputed == sol.schedule.recompute_count()
 

@@ -103,7 +103,7 @@ def _train_rank(rank, world, sol, state, x, y, out_dir):
         grads.append([p.grad.clone() for p in model.parameters()])
         losses.append(loss.detach())
         opt.step()
-    holder = ddp.module._traced.monet_compiled
+    holder = ddp.module.scheduled.monet_compiled
     # what this rank ran: the solution it holds and the graph and schedule its executor built
     ran = (solution_digest(ddp.module.solution), holder["graph"].fingerprint, repr(holder["schedule"]))
     everyone = [None] * world

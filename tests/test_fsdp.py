@@ -117,7 +117,7 @@ def _train_rank(rank, world, sol, state, x, y):
         grads.append([p.grad.full_tensor() for p in model.parameters()])  # reduce-scattered shards, gathered
         losses.append(loss.detach())
         opt.step()
-    recomputed = [sum(1 for n in w._traced.monet_compiled["bw"].graph.nodes
+    recomputed = [sum(1 for n in w.scheduled.monet_compiled["bw"].graph.nodes
                       if n.meta.get("monet", ("",))[0] == "fwd") for w in model.blocks]
     return dict(grads=grads, losses=losses, params=[p.full_tensor().detach() for p in model.parameters()],
                 block_grad_fns=block_grad_fns, recomputed=recomputed,

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses import FakeTensorMode
 
+from monet.graph import is_random
 from monet.impls.activation import hardtanh_mask_forward, mask_backward, relu_mask_forward
 from monet.impls.batchnorm import ZeroGammaError, batch_norm_backward_from_output
 from monet.impls.bits import pack_bits, pack_nibbles, unpack_bits, unpack_nibbles
@@ -158,7 +159,10 @@ def test_dropout_bitmask(p):
     scale = 1.0 / (1.0 - p)
     assert torch.equal(dropout_bitmask_backward(g, packed, scale),
                        aten.native_dropout_backward.default(g, mask, scale))
-    assert dropout_bitmask_forward._monet_random is True
+    # a random op: the graph marks its node so that a recomputation replays the generator state
+    graph = torch.fx.Graph()
+    assert is_random(graph.call_function(dropout_bitmask_forward, (graph.placeholder("x"), p, True)))
+    assert not is_random(graph.call_function(dropout_bitmask_backward, (graph.placeholder("g"), packed, scale)))
 
 
 # ---------------------------------------------------------------- convolution

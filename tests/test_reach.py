@@ -110,7 +110,7 @@ def test_smaller_batch_of_a_language_model(tmp_path_factory):
     _, gw = chk.train_losses(wrapped, three, steps=1)
     _, gp = chk.train_losses(plain, three, steps=1)
     assert all(torch.equal(gw[k], gp[k]) for k in gp)
-    assert wrapped._traced.monet_compiled["graph"].input_shape[0] == 3
+    assert wrapped.scheduled.monet_compiled["graph"].input_shape[0] == 3
     assert chk.step_peak(wrapped, three) <= sol.meta.budget_bytes
     one = {k: (v[:1] if isinstance(v, torch.Tensor) else v) for k, v in four.items()}
     with pytest.raises(SolutionMismatchError, match="solve for batch 1 too, or drop the last incomplete batch"):

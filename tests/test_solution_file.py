@@ -101,7 +101,8 @@ def test_payload_uses_only_the_allow_list(saved):
     assert seen == {"monet.solution.Solution", "monet.solution.SolutionMeta", "monet.solution.Schedule",
                     "monet.solution.Stage", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
                     "numpy.dtype"}
-    assert {tuple(g.rsplit(".", 1)) for g in seen} <= set(sf._ALLOWED_GLOBALS)
+    # the restricted unpickler admits each of them (it refuses any global outside its allow-list)
+    assert sf.load_solution(path).meta.fingerprint == saved[0].meta.fingerprint
 
 
 def test_numpy_scalar_in_payload_is_admitted(graph, tmp_path):

@@ -100,16 +100,16 @@ def test_smaller_batch_runs_the_schedule(solved):
         m(small).square().mean().backward()
         grads.append([p.grad for p in m.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
-    ran = wrapped._traced.monet_compiled
+    ran = wrapped.scheduled.monet_compiled
     assert ran["schedule"] is sol.schedule and ran["graph"].input_shape[0] == 3
     assert ran["graph"].fingerprint != sol.meta.fingerprint  # another graph, the same schedule
     g = torch.randn(3, 5)
     assert measure_iteration_peak(wrapped, small, g) <= sol.meta.budget_bytes
     # the next epoch: the full batch, then the small one again; each is traced once
     wrapped(x).sum().backward()
-    traced = dict(wrapped._traced._traces)
+    traced = dict(wrapped.scheduled.traces)
     wrapped(small).sum().backward()
-    assert len(traced) == 2 and all(wrapped._traced._traces[k] is v for k, v in traced.items())
+    assert len(traced) == 2 and all(wrapped.scheduled.traces[k] is v for k, v in traced.items())
 
 
 def test_other_input_shape_refused(solved):
