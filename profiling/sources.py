@@ -4,7 +4,7 @@
   operator's workspace charged at an upper bound from its shapes
   (`monet.profiling.workspace.workspace_bound`, per op family, for the device the schedule is for
   and this process's thread count): needs no device, and its schedules hold their budget at the
-  allocator, at the price of a higher smallest budget (ResNet-50, batch 2, 64x64: +4.6 %, the
+  allocator, at the price of a higher smallest budget (ResNet-50, batch 2, 64x64, full mode: +8 %, the
   weight reorders of its last stage's convolutions) and a predicted peak that is a bound rather
   than within 2 % of the measured one.
 * ``hybrid``: analytic times, each operator's workspace (bytes) from one quick run on the device
