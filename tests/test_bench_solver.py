@@ -1,0 +1,44 @@
+"""The solver benchmark's best-known table (`benchmarks/bench_solver.py`, issue 18's target): a row
+meets the target within 1 % of the best schedule known, and ``--record-best`` keeps the lowest."""
+from __future__ import annotations
+
+import bench_solver as bs
+
+
+def _row(budget="50", value=1.0, solve_s=30.0, **kw):
+    return dict(model="resnet50", batch=184, budget=f"{budget} %", formulation="fast", solve_s=solve_s,
+                _key=budget, _value=value, **kw)
+
+
+def test_rows_are_held_against_the_best_known():
+    best = {("resnet50", 184, "50"): 1.0, ("resnet50", 184, "min"): 100.0}
+    within, over, late = _row(value=1.0099), _row(value=1.0101), _row(value=1.0, solve_s=61.0)
+    for r in (within, over, late):
+        bs._against_best(r, best, time_limit=60.0)
+    assert within["meets target"] == "yes" and abs(within["vs_best"] - 0.0099) < 1e-9
+    assert over["meets target"] == "no" and late["meets target"] == "no"
+    smallest = _row("min", value=101.5)
+    bs._against_best(smallest, best, 60.0)
+    assert smallest["meets target"] == "no" and abs(smallest["vs_best"] - 0.015) < 1e-9
+
+
+def test_infeasible_meets_only_when_proven_and_no_schedule_is_known():
+    best = {("resnet50", 184, "40"): 1.0}
+    refused_known = _row("40", value=None, _proven_infeasible=True)
+    proven = _row("33", value=None, _proven_infeasible=True)
+    unproven = _row("33", value=None, _proven_infeasible=False)
+    for r in (refused_known, proven, unproven):
+        bs._against_best(r, best, 60.0)
+    assert refused_known["meets target"] == "no"  # a schedule is known there: refusing it is a miss
+    assert proven["meets target"] == "yes (proven infeasible)" and unproven["meets target"] == "no"
+
+
+def test_record_best_keeps_the_lowest(tmp_path):
+    path = tmp_path / "best.csv"
+    first = bs.record_best_known([_row(value=1.0), _row("min", value=200.0)], "cmd A", path)
+    assert len(first) == 2
+    again = bs.record_best_known([_row(value=1.1), _row("min", value=150.0)], "cmd B", path)
+    assert [(e["budget"], e["best"], e["found_by"]) for e in again] == [("min", 150.0, "cmd B")]
+    table = bs.load_best_known(path)
+    assert table == {("resnet50", 184, "50"): 1.0, ("resnet50", 184, "min"): 150.0}
+    assert bs.record_best_known([_row(value=None)], "cmd C", path) == []  # a refused row records nothing
