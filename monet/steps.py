@@ -2,8 +2,8 @@
 
 A `monet.solution.Schedule` is what a solution file stores (kept forward nodes, per-stage
 recomputations and releases, offloads).  `steps` reads it as a list of typed steps, as Checkmate
-keeps a schedule (Jain et al., MLSys 2020, Sec. 4: ``ScheduledResult``'s compute and deallocate
-operations), so that the executor (`monet.executor`), the ILP-side accounting
+(Jain et al., MLSys 2020) keeps a schedule: its code's ``ScheduledResult`` is a list of compute,
+allocate and deallocate operations.  So the executor (`monet.executor`), the ILP-side accounting
 (`monet.schedule.matrices_from_schedule`) and the summaries all read the same sequence instead of
 walking the stages each in its own way.
 
