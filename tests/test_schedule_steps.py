@@ -4,30 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from monet.capture import capture
 from monet.executor import ScheduleError, check_steps
-from monet.profiling.costs import analytic_costs, costs_for
 from monet.schedule import matrices_from_schedule, schedule_from_matrices
 from monet.solution import Schedule, Stage
 from monet.solver import ilp
 from monet.solver.repair import repair
 from monet.solver.solve import memory_model
-from monet.steps import (BACKWARD, COMPUTE, FORWARD, FREE, KEEP, OFFLOAD, PREFETCH, RECOMPUTE, Step)
-from monet.zoo.models import get_model
-from usernet import UserNet
+from monet.steps import BACKWARD, COMPUTE, FORWARD, FREE, KEEP, OFFLOAD, PREFETCH, RECOMPUTE, Step
+from test_solver_fast_path import case  # noqa: F401  (the same small graphs: UserNet, a small ResNet-50)
 
 
-@pytest.fixture(scope="module", params=["user", "resnet"])
-def case(request):
-    torch.manual_seed(0)
-    if request.param == "user":
-        model, x = UserNet(), torch.randn(4, 3, 16, 16)
-    else:
-        model, x = get_model("resnet50", base_width=4, layers=(1, 1, 0, 0), num_classes=10), torch.randn(4, 3, 32, 32)
-    graph = capture(model, x)
-    costs = costs_for(graph, analytic_costs(graph))
+def _graph_and_memory(case):
+    graph, costs, _ = case
     return graph, memory_model(graph, costs)
 
 
@@ -36,8 +25,10 @@ def _schedules(graph, mem, n, seed=0):
     P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     rng = np.random.default_rng(seed)
     for k in range(n):
-        keep = (np.zeros if k == 0 else np.ones)((P.T, P.G), dtype=bool) if k < 2 else \
-            rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9)
+        if k < 2:
+            keep = np.full((P.T, P.G), k == 1)
+        else:
+            keep = rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9)
         S, R = repair(graph, mem, keep, P.allow_s)
         yield mem.group_to_node(S), R
 
@@ -60,7 +51,7 @@ def test_steps_give_back_the_matrices(case):
     """schedule_from_matrices -> steps -> matrices_from_schedule is the identity on valid (repaired)
     schedules: R exactly, S on the nodes whose outputs something reads after them (the others are
     never kept)."""
-    graph, mem = case
+    graph, mem = _graph_and_memory(case)
     useful = np.array([n.saved_bytes > 0 for n in graph.fwd])
     for S, R in _schedules(graph, mem, 10):
         sched = schedule_from_matrices(graph, S, R)
@@ -74,7 +65,7 @@ def test_steps_give_back_the_matrices(case):
 def test_check_steps_names_the_stage_node_and_missing_input(case):
     """A recomputation moved before the recomputation of its input (not kept) cannot run: the error
     names the stage, the recomputed node and the value it misses."""
-    graph, mem = case
+    graph, mem = _graph_and_memory(case)
     S, R = next(_schedules(graph, mem, 1))  # keep nothing that can be recomputed: long chains
     sched = schedule_from_matrices(graph, S, R)
     kept = set(sched.saved)
@@ -97,7 +88,7 @@ def test_check_steps_names_the_stage_node_and_missing_input(case):
 
 
 def test_check_steps_refuses_a_schedule_for_another_graph(case):
-    graph, _ = case
+    graph = case[0]
     T, N = len(graph.bwd), len(graph.fwd)
     with pytest.raises(ScheduleError, match=f"{T - 1} backward stages, the graph {T} backward nodes"):
         check_steps(graph, Schedule(saved=(), stages=[Stage(t) for t in range(T - 1)]))
