@@ -28,10 +28,12 @@ from monet import offload as offload_ops
 from monet.inplace import make_inplace
 from monet.rng import STATE_PREFIX, Replay, random_op_device, rng_state, state_meta
 from monet.solution import Schedule
+from monet.steps import BACKWARD, FORWARD, FREE, KEEP, OFFLOAD, PREFETCH, RECOMPUTE
 
 
 class ScheduleError(ValueError):
-    """The schedule cannot run: a stage reads a forward value that is neither kept nor recomputed."""
+    """The schedule cannot run: a stage reads a forward value that is neither kept nor recomputed
+    (`check_steps`)."""
 
 
 def _by_name(joint: fx.GraphModule) -> dict[str, fx.Node]:
@@ -40,6 +42,9 @@ def _by_name(joint: fx.GraphModule) -> dict[str, fx.Node]:
 
 def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """Build the backward FX graph of `schedule` and list the forward tensors it needs saved.
+
+    It reads the schedule's steps (`Schedule.steps`): the forward pass's keeps, and each stage's
+    prefetches, recomputations, backward node and frees, in order.
 
     Returns:
         (body, saved, placeholders): ``body`` has one placeholder per name in ``saved`` plus the
@@ -63,7 +68,7 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
     saved: list[str] = []
     available: dict[int, dict[str, fx.Node]] = {}  # forward node id -> joint name -> body node
     permanent: dict[str, fx.Node] = {}  # primals, tangents, backward values and their views
-    stage_of = {"t": -1}
+    stage_of = {"t": -1, "by": ""}  # the stage being emitted and the node reading
 
     def placeholder(name: str) -> fx.Node:
         if name not in placeholders:
@@ -89,15 +94,17 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             env = available.get(fid)
             if env is None:
                 raise ScheduleError(
-                    f"backward stage {stage_of['t']} reads {n.name} (forward node {fid}, {graph.fwd[fid].op}) "
-                    f"but the schedule neither keeps nor recomputes it")
+                    f"backward stage {stage_of['t']}: {stage_of['by']} reads {n.name} (forward node {fid}, "
+                    f"{graph.fwd[fid].op}) but the schedule neither keeps nor recomputes it: keep forward "
+                    f"node {fid} or recompute it earlier in the stage")
             if n.name in env:
                 return env[n.name]
             if fid in kept_from_forward and n.name in graph.fwd[fid].saved:
                 if n.name in offloaded:  # on the host until its prefetch stage (`monet.offload`)
                     if n.name not in prefetched:
-                        raise ScheduleError(f"backward stage {stage_of['t']} reads {n.name}, which the schedule "
-                                            f"offloads to the host until stage {offloaded[n.name]}")
+                        raise ScheduleError(f"backward stage {stage_of['t']}: {stage_of['by']} reads {n.name}, "
+                                            f"which the schedule offloads to the host until stage "
+                                            f"{prefetch_stage.get(n.name, len(schedule.stages))}")
                     env[n.name] = body.call_function(offload_ops.fetched, (prefetched[n.name],))
                     env[n.name].meta = {"val": nodes[n.name].meta.get("val"), "monet": ("offload", fid)}
                     return env[n.name]
@@ -108,8 +115,8 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
                 env[n.name] = body.node_copy(n, lookup)
                 return env[n.name]
             # an output of a kept node that was not kept: a schedule error
-            raise ScheduleError(f"backward stage {stage_of['t']} reads {n.name}, which forward node {fid} "
-                                f"({graph.fwd[fid].op}) does not keep")
+            raise ScheduleError(f"backward stage {stage_of['t']}: {stage_of['by']} reads {n.name}, which "
+                                f"forward node {fid} ({graph.fwd[fid].op}) does not keep")
         if n.op == "placeholder":
             permanent[n.name] = placeholder(n.name)
             return permanent[n.name]
@@ -135,28 +142,35 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         copy.meta = dict(n.meta)
         return copy
 
+    schedule_steps = schedule.steps()
     # forward values kept from the forward pass become placeholders when first read
-    kept_from_forward = set(schedule.saved)
-    for i in schedule.saved:
+    kept_from_forward = {s.node for s in schedule_steps if s.kind == KEEP and s.stage == FORWARD}
+    for i in kept_from_forward:
         available[i] = {}
     # offloaded values (`monet.offload`): a host placeholder and the copy back at the start of
     # their prefetch stage, if the schedule still keeps their node then
-    offloaded = {v: p for v, _, p in schedule.offload}
+    offloaded = {s.value for s in schedule_steps if s.kind == OFFLOAD}
+    prefetch_stage = {s.value: s.stage for s in schedule_steps if s.kind == PREFETCH}
     prefetched: dict[str, fx.Node] = {}
 
-    for t, stage in enumerate(schedule.stages):
-        stage_of["t"] = t
-        for v, p in offloaded.items():
+    for step in schedule_steps:
+        if step.stage == FORWARD:
+            continue
+        stage_of["t"] = step.stage
+        if step.kind == PREFETCH:
+            v = step.value
             fid = owner_id(nodes[v])
-            if p == t and fid in kept_from_forward:
+            if fid in kept_from_forward:
                 host = placeholder(v)
                 host.meta["monet_host"] = True
                 val = nodes[v].meta["val"]
                 prefetched[v] = body.call_function(offload_ops.prefetch,
                                                    (host, tuple(val.shape), val.dtype, str(val.device)))
                 prefetched[v].meta = {"val": val, "monet": ("offload", fid)}
-        for i in stage.recompute:
+        elif step.kind == RECOMPUTE:
+            i = step.node
             fnode = graph.fwd[i]
+            stage_of["by"] = f"recomputing forward node {i} ({fnode.op})"
             env: dict[str, fx.Node] = {}
 
             def arg(a: fx.Node, env=env) -> fx.Node:
@@ -171,14 +185,16 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
                 env[name] = copy
             available[i] = env
             kept_from_forward.discard(i)
-        bnode = graph.bwd[stage.backward]
-        for name in bnode.fx_names:
-            copy = body.node_copy(nodes[name], lookup)
-            copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
-            permanent[name] = copy
-        for i in stage.release:
-            available.pop(i, None)
-            kept_from_forward.discard(i)
+        elif step.kind == BACKWARD:
+            bnode = graph.bwd[step.node]
+            stage_of["by"] = f"backward node {bnode.id} ({bnode.op})"
+            for name in bnode.fx_names:
+                copy = body.node_copy(nodes[name], lookup)
+                copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
+                permanent[name] = copy
+        elif step.kind == FREE:
+            available.pop(step.node, None)
+            kept_from_forward.discard(step.node)
 
     for v, copy in prefetched.items():
         if not copy.users:  # never read (its node recomputed where it is read): not offloaded, not saved
@@ -188,9 +204,37 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
             saved.remove(v)
             del placeholders[v]
     out = next(n for n in joint.graph.nodes if n.op == "output")
+    stage_of["by"] = "the parameter gradients' output"
     grads = list(out.args[0])[graph.num_fwd_outputs:]
     body.output(tuple(lookup(g) if isinstance(g, fx.Node) else g for g in grads))
     return body, saved, placeholders
+
+
+def check_steps(graph: OpGraph, schedule: Schedule) -> None:
+    """Raise `ScheduleError` (a ValueError) unless every step of ``schedule`` can run on ``graph``.
+
+    Node ids must exist in the graph, and every recompute step and every backward step must find
+    the forward values it reads computed earlier in its stage or kept (from the forward pass or an
+    earlier stage, not yet freed; an offloaded value only from its prefetch stage on).  The check
+    is the executor's own: it emits the backward graph (`emit_backward`) and discards it, so a
+    schedule it accepts is one the executor runs.  The message names the stage, the node reading
+    (recomputed forward node or backward node) and the value it misses.
+
+    Raises:
+        ScheduleError: the first step that cannot run; what to keep or recompute instead.
+    """
+    T, N = len(graph.bwd), len(graph.fwd)
+    if len(schedule.stages) != T:
+        raise ScheduleError(f"the schedule has {len(schedule.stages)} backward stages, the graph {T} backward "
+                            f"nodes: it was made for another graph; re-solve it")
+    for step in schedule.steps(N):
+        bound = T if step.kind in (BACKWARD, PREFETCH) else N
+        if not 0 <= step.node < bound:
+            where = "the forward pass" if step.stage == FORWARD else f"backward stage {step.stage}"
+            raise ScheduleError(f"{where}: {step.kind} step names node {step.node}, but the graph has {bound} "
+                                f"{'backward' if bound == T else 'forward'} nodes: the schedule was made for "
+                                f"another graph; re-solve it")
+    emit_backward(graph, schedule)
 
 
 def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -271,7 +315,7 @@ def _insert_offloads(graph: OpGraph, schedule: Schedule, fw_graph: fx.Graph, hos
     after the last forward use of the value's storage, ``offload_done`` after forward node
     ``release`` of its `Schedule.offload` entry (or at the end of the forward pass), and the host
     copy instead of the value among the saved outputs."""
-    release = {v: r for v, r, _ in schedule.offload}
+    release = {s.value: s.node for s in schedule.steps() if s.kind == OFFLOAD}
     order = list(fw_graph.nodes)
     pos = {n: k for k, n in enumerate(order)}
     by_name = {n.name: n for n in order}

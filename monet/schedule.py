@@ -11,6 +11,7 @@ import numpy as np
 
 from monet.graph import OpGraph
 from monet.solution import Schedule, Stage
+from monet.steps import KEEP, RECOMPUTE
 
 
 def needed_by_stage(graph: OpGraph) -> list[set[int]]:
@@ -63,13 +64,15 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray, offload
 
 
 def matrices_from_schedule(graph: OpGraph, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
-    """The (T, N) S and R matrices a `Schedule` corresponds to (inverse of the above)."""
+    """The (T, N) bool S and R matrices a `Schedule` corresponds to (inverse of the above), read from
+    its steps (`monet.steps`): S[t + 1, i] from the keep steps of stage t (S[0] from the forward
+    pass's), R[t, i] from the recompute steps of stage t."""
     T, N = len(graph.bwd), len(graph.fwd)
     S = np.zeros((T, N), dtype=bool)
     R = np.zeros((T, N), dtype=bool)
-    kept = set(schedule.saved)
-    for t, stage in enumerate(schedule.stages):
-        S[t, list(kept)] = True
-        R[t, list(stage.recompute)] = True
-        kept = (kept | set(stage.recompute)) - set(stage.release)
+    for step in schedule.steps():
+        if step.kind == KEEP and step.stage + 1 < T:
+            S[step.stage + 1, step.node] = True
+        elif step.kind == RECOMPUTE:
+            R[step.stage, step.node] = True
     return S, R

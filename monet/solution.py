@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from monet import mixed_precision
+from monet.steps import RECOMPUTE, Step, steps
 
 MAGIC = b"MONET-SOLUTION\n"
 FORMAT_VERSION = 1
@@ -76,7 +77,8 @@ class Stage:
 
 @dataclass
 class Schedule:
-    """The explicit schedule consumed by the simulator, the executor and the checks.
+    """The explicit schedule consumed by the simulator, the executor and the checks; what a solution
+    file stores.  Its readers read it as typed steps (`steps`, `monet.steps`).
 
     Attributes:
         saved: forward node ids whose outputs are kept from the forward pass (stage 0).
@@ -104,10 +106,16 @@ class Schedule:
         self.inplace = bool(self.inplace)
         self.offload = tuple((str(v), int(r), int(p)) for v, r, p in self.offload)
 
+    def steps(self, n_fwd: int | None = None) -> list[Step]:
+        """The schedule as typed steps in execution order (`monet.steps.steps`): compute (the
+        forward pass's ``n_fwd`` nodes; None: left out), offload, keep, prefetch, recompute,
+        backward, free."""
+        return steps(self, n_fwd)
+
     def recompute_count(self) -> int:
         """Number of forward-node recomputations over all backward stages (a node recomputed in two
-        stages counts twice)."""
-        return sum(len(s.recompute) for s in self.stages)
+        stages counts twice): the schedule's recompute steps."""
+        return sum(s.kind == RECOMPUTE for s in self.steps())
 
 
 @dataclass

@@ -230,7 +230,15 @@ class MemoryModel:
 
     def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None, O: np.ndarray | None = None) -> float:
         """The ILP's peak for a schedule: max of the forward and every backward stage (bytes), with
-        the groups O (G,) offloaded (None: `offloaded`)."""
+        the groups O (G,) offloaded (None: `offloaded`).
+
+        This is the ILP's linear accounting, an upper bound of the reference peak, `monet.simulate`'s
+        `schedule_peak` of the same schedule (the executor's modules replayed op by op): fitting it
+        fits the budget.  Tests hold it to that: tests/test_memory_model.py
+        (``test_ilp_memory_bounds_simulator``, ``..._with_implementations``, ``..._on_offloads`` and
+        ``test_ilp_memory_tight_on_checkpoint_schedules``: >= the simulator's peak, and within 5 % of
+        it on checkpoint schedules) and tests/test_offload.py
+        (``test_ilp_and_simulator_agree_on_offloaded_bytes``)."""
         O = self.offloaded(S, R, O)
         return max(self.fwd_peak(np.asarray(S)[0], M, R, O), float(self.bwd_peaks(S, R, M, O).max()))
 

@@ -19,11 +19,10 @@ import numpy as np
 import torch
 
 import monet
-from monet.executor import build_modules
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
 from monet.schedule import schedule_from_matrices
-from monet.simulate import simulate
+from monet.simulate import schedule_peak, simulated_peak_fn
 from monet.solution import Solution, SolutionMeta
 from monet.impls import MODES, mode_tokens
 from monet.solver.choices import chosen_graph, chosen_impls, implementation_options
@@ -76,8 +75,7 @@ def _finish(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, 
     `Schedule.offload` entries, planned at ``offload_bandwidth`` bytes/s."""
     schedule = schedule_from_matrices(graph, S, R, offload)
     schedule.impl, schedule.inplace = dict(graph.impls), inplace
-    fw, bw = build_modules(graph, schedule)
-    sim = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace)
+    sim = schedule_peak(graph, costs, schedule)
     if mode != "none" and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
@@ -128,8 +126,7 @@ def same_kernels_solution(graph: OpGraph, costs: CostArrays, sol: Solution, devi
 def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
     """Simulated peak (bytes) of plain PyTorch: the keep-everything schedule."""
     S, R = keep_all_matrices(graph)
-    fw, bw = build_modules(graph, schedule_from_matrices(graph, S, R))
-    return simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
+    return schedule_peak(graph, costs, schedule_from_matrices(graph, S, R)).peak_bytes
 
 
 def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | None = None) -> MemoryModel:
@@ -139,24 +136,6 @@ def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | N
     if offload_bandwidth:
         mem.offload = build_offload_model(graph, mem, costs.fwd_time, costs.bwd_time, offload_bandwidth)
     return mem
-
-
-def simulated_peak_fn(graph: OpGraph, costs: CostArrays, mem: MemoryModel, inplace: bool = False):
-    """``peak_of(S (T, G), R (T, N), M (O,) = None, O (G,) = None) -> bytes``: the simulator's peak
-    of the schedule the executor would run (with the implementations M chooses; None: PyTorch's;
-    with the groups O offloaded to host memory; None: `MemoryModel.offloaded`, the allowed groups
-    the schedule keeps through their windows)."""
-    def peak_of(S_groups, R, M=None, O=None):
-        g, c = graph, costs
-        if M is not None and mem.n_options:
-            g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
-        O = mem.offloaded(S_groups, R, O)
-        entries = () if O is None else mem.offload.entries(O)
-        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R, entries)
-        schedule.impl, schedule.inplace = dict(g.impls), inplace
-        fw, bw = build_modules(g, schedule)
-        return simulate(g, fw, bw, c.fwd_workspace, c.bwd_workspace).peak_bytes
-    return peak_of
 
 
 def solve_none(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, **_) -> Solution:

@@ -1,0 +1,99 @@
+"""The schedule's typed steps (`monet.steps`): their order, the matrices they give back, and the
+executor's check that every step can run (`monet.executor.check_steps`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from monet.executor import ScheduleError, check_steps
+from monet.schedule import matrices_from_schedule, schedule_from_matrices
+from monet.solution import Schedule, Stage
+from monet.solver import ilp
+from monet.solver.repair import repair
+from monet.solver.solve import memory_model
+from monet.steps import BACKWARD, COMPUTE, FORWARD, FREE, KEEP, OFFLOAD, PREFETCH, RECOMPUTE, Step
+from test_solver_fast_path import case  # noqa: F401  (the same small graphs: UserNet, a small ResNet-50)
+
+
+def _graph_and_memory(case):
+    graph, costs, _ = case
+    return graph, memory_model(graph, costs)
+
+
+def _schedules(graph, mem, n, seed=0):
+    """(S (T, N), R (T, N)) of repaired random keep choices, keep-nothing and keep-everything first."""
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        if k < 2:
+            keep = np.full((P.T, P.G), k == 1)
+        else:
+            keep = rng.random((P.T, P.G)) < rng.uniform(0.1, 0.9)
+        S, R = repair(graph, mem, keep, P.allow_s)
+        yield mem.group_to_node(S), R
+
+
+def test_steps_of_a_schedule_in_execution_order():
+    sched = Schedule(saved=(0, 2), stages=[Stage(0, (1,), (2,)), Stage(1, (), (0, 1))],
+                     offload=(("v", 2, 1), ("w", 7, 0)))
+    assert sched.steps(3) == [
+        Step(COMPUTE, FORWARD, 0), Step(COMPUTE, FORWARD, 1), Step(COMPUTE, FORWARD, 2),
+        Step(OFFLOAD, FORWARD, 2, "v"), Step(OFFLOAD, FORWARD, 7, "w"),
+        Step(KEEP, FORWARD, 0), Step(KEEP, FORWARD, 2),
+        Step(PREFETCH, 0, 0, "w"), Step(RECOMPUTE, 0, 1), Step(BACKWARD, 0, 0), Step(FREE, 0, 2),
+        Step(KEEP, 0, 0), Step(KEEP, 0, 1),
+        Step(PREFETCH, 1, 1, "v"), Step(BACKWARD, 1, 1), Step(FREE, 1, 0), Step(FREE, 1, 1)]
+    assert [s for s in sched.steps() if s.kind == COMPUTE] == []
+    assert sched.recompute_count() == 1
+
+
+def test_steps_give_back_the_matrices(case):
+    """schedule_from_matrices -> steps -> matrices_from_schedule is the identity on valid (repaired)
+    schedules: R exactly, S on the nodes whose outputs something reads after them (the others are
+    never kept)."""
+    graph, mem = _graph_and_memory(case)
+    useful = np.array([n.saved_bytes > 0 for n in graph.fwd])
+    for S, R in _schedules(graph, mem, 10):
+        sched = schedule_from_matrices(graph, S, R)
+        S2, R2 = matrices_from_schedule(graph, sched)
+        assert np.array_equal(R2, R)
+        assert np.array_equal(S2, S & useful[None, :])
+        # every recompute step finds its inputs computed earlier in its stage or kept
+        check_steps(graph, sched)
+
+
+def test_check_steps_names_the_stage_node_and_missing_input(case):
+    """A recomputation moved before the recomputation of its input (not kept) cannot run: the error
+    names the stage, the recomputed node and the value it misses."""
+    graph, mem = _graph_and_memory(case)
+    S, R = next(_schedules(graph, mem, 1))  # keep nothing that can be recomputed: long chains
+    sched = schedule_from_matrices(graph, S, R)
+    kept = set(sched.saved)
+    for t, stage in enumerate(sched.stages):
+        order = list(stage.recompute)
+        pair = next(((i, j) for i in order for j in graph.fwd[i].fwd_inputs
+                     if j in order and j not in kept), None)
+        kept = (kept | set(stage.recompute)) - set(stage.release)
+        if pair is not None:
+            break
+    assert pair is not None, "keeping nothing should recompute a chain in some stage"
+    i, j = pair
+    order.remove(i)
+    sched.stages[t] = Stage(stage.backward, [i] + order, stage.release)
+    with pytest.raises(ScheduleError) as err:
+        check_steps(graph, sched)
+    msg = str(err.value)
+    assert f"backward stage {t}: recomputing forward node {i} " in msg
+    assert f"(forward node {j}, {graph.fwd[j].op})" in msg and "neither keeps nor recomputes" in msg
+
+
+def test_check_steps_refuses_a_schedule_for_another_graph(case):
+    graph = case[0]
+    T, N = len(graph.bwd), len(graph.fwd)
+    with pytest.raises(ScheduleError, match=f"{T - 1} backward stages, the graph {T} backward nodes"):
+        check_steps(graph, Schedule(saved=(), stages=[Stage(t) for t in range(T - 1)]))
+    stages = [Stage(t) for t in range(T)]
+    stages[3] = Stage(3, recompute=(N + 5,))
+    with pytest.raises(ScheduleError, match=f"backward stage 3: recompute step names node {N + 5}, but the "
+                                            f"graph has {N} forward nodes"):
+        check_steps(graph, Schedule(saved=(), stages=stages))
