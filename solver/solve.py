@@ -30,15 +30,24 @@ from monet.profiling.costs import CostArrays
 from monet.schedule import schedule_from_matrices
 from monet.solution import Solution
 from monet.solver.checkpoint_all import solve_checkpoint_all
+from monet.solver.chen import solve_chen
 from monet.solver.choices import (analytic_cost_fn, chosen_graph, fixed_time, full_model, lean_impls,  # noqa: F401
                                   no_recompute_bound)
 from monet.solver.deadline import Deadline
+from monet.solver.greedy import solve_greedy
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.normal import solve_normal
 from monet.solver.offload import check_offload
 from monet.solver.portfolio import solve_full
+from monet.solver.rounding import solve_rounding
 from monet.solver.simulated import eager_peak, keep_all_matrices, memory_model, simulated_peak_fn  # noqa: F401
 from monet.solver.smallest import min_budget, min_budget_lower, smallest_schedule  # noqa: F401
+
+# The normal-mode peers by name, for comparisons on the same inputs (`benchmarks/bench_solver.py
+# --peers`): each ``solve_x(graph, costs, budget, *, deadline, info=None, ...) -> Solution``,
+# raising `InfeasibleBudgetError` when nothing it finds fits.
+PEERS = {"checkpoint_all": solve_checkpoint_all, "chen": solve_chen, "greedy": solve_greedy,
+         "rounding": solve_rounding, "ilp": solve_normal}
 
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
           "GB": 2 ** 30, "GIB": 2 ** 30, "TB": 2 ** 40, "TIB": 2 ** 40}

@@ -19,16 +19,11 @@ from monet.solver import portfolio
 from monet.solver.checkpoint_all import solve_checkpoint_all
 from monet.solver.chen import chen_checkpoints, solve_chen
 from monet.solver.deadline import Deadline
-from monet.solver.greedy import solve_greedy
 from monet.solver.ilp import InfeasibleBudgetError
-from monet.solver.normal import solve_normal
-from monet.solver.rounding import solve_rounding
 from monet.solver.simulated import eager_peak, memory_model
-from monet.solver.solve import solve
+from monet.solver.solve import PEERS, solve
 from usernet import UserNet
 
-PEERS = {"checkpoint_all": solve_checkpoint_all, "chen": solve_chen, "greedy": solve_greedy,
-         "rounding": solve_rounding, "ilp": solve_normal}
 FULL = "inplace_conv_multiway_newnode"
 LIMIT = 20.0  # seconds per solve: a margin, the small graphs are proven in about a second
 
