@@ -2,7 +2,8 @@
 takes, and how close to the bound its schedule is.
 
     python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC]
-                                      [--time-limit 60] [--gap 0.02] [--plain] [--min-budget] [--out BENCHMARKS.md]
+                                      [--time-limit 60] [--gap 0.01] [--plain] [--min-budget] [--out BENCHMARKS.md]
+                                      [--peers checkpoint_all,chen,greedy,rounding,ilp]
 
 Configurations (`CONFIGS`): MONeT's five CNNs at their batch sizes (input 3x224x224; UNet at the zoo
 model's input) and GPT-2 small at batch 8, sequence 1024, fp32.  Nothing runs on a device: the
@@ -25,6 +26,14 @@ meets it when the smallest budget found within the limit is within 1 % of the be
 relaxation, no start, the solver through cvxpy) at the same time limit, for contrast; with
 ``--min-budget`` a last row per model times the smallest-budget search.  Progress
 goes to stderr; the markdown section is rewritten after every row.
+
+With ``--peers`` the table compares solver peers instead (`monet.solver.solve.PEERS`, one
+signature ``solve_x(graph, costs, budget, *, deadline)``), in normal mode (PyTorch's
+implementations), on the same graph, costs and budgets, each with ``--time-limit`` seconds: its
+objective (predicted iteration time, s), the overhead over plain PyTorch's time, the predicted
+(simulated) peak over the budget, the solve time and the status; "infeasible" where the peer
+found nothing that fits (checkpoint-all and Chen's sqrt(n) have no budget knob: their peak is
+named).  It is printed, not written to ``--out``.
 """
 from __future__ import annotations
 
@@ -39,6 +48,7 @@ from pathlib import Path
 import pandas as pd
 
 from monet.profiling.markdown import md_table, write_section
+from monet.solver import DEFAULT_GAP
 from monet.zoo.build import BATCH as ZOO_BATCH
 
 CONFIGS = dict(ZOO_BATCH)  # model: batch size (MONeT, Table 2; GPT-2 small at 8), as the zoo builds them
@@ -204,6 +214,45 @@ def _min_budget_row(graph, costs, cost_fn, eager, model_name, batch, solver, tim
                 _key="min", _value=float(least))
 
 
+def bench_peers(model_name: str, batch: int, budgets, peers: list[str], solver: str, time_limit: float) -> list[dict]:
+    """Rows (dicts) comparing ``peers`` (names in `monet.solver.solve.PEERS`) at each budget (% of
+    the plain peak) of one configuration, in normal mode; see the module docstring."""
+    from monet.solver.deadline import Deadline
+    from monet.solver.ilp import InfeasibleBudgetError
+    from monet.solver.solve import PEERS, eager_peak
+
+    graph, costs, source, _ = _graph_and_costs(model_name, batch)
+    eager = eager_peak(graph, costs)
+    rows = []
+    for pct in budgets:
+        budget = int(eager * pct / 100)
+        for name in peers:
+            _log(f"{model_name} at {pct} % ({budget / 2**30:.2f} GiB): peer {name}, limit {time_limit:g} s")
+            t1 = time.perf_counter()
+            row = dict(model=model_name, batch=batch, budget=f"{pct:g} %", peer=name)
+            try:
+                m = PEERS[name](graph, costs, budget, deadline=Deadline(time_limit), solver=solver).meta
+                row.update(objective_s=f"{m.objective_s:.4f}",
+                           overhead=f"{100 * (m.objective_s / costs.total_time - 1):+.2f} %",
+                           peak_over_budget=f"{m.predicted_peak_bytes / budget:.3f}",
+                           solve_s=f"{time.perf_counter() - t1:.1f}", status=f"{m.status} ({m.solver})")
+            except InfeasibleBudgetError as e:
+                least = e.min_budget_bytes
+                row.update(objective_s="-", overhead="-", peak_over_budget="-",
+                           solve_s=f"{time.perf_counter() - t1:.1f}",
+                           status="infeasible" + ("" if least is None else f": needs {100 * least / eager:.1f} %"))
+            rows.append(dict(row, costs=source))
+    return rows
+
+
+def peers_markdown(rows: list[dict], argv: list[str]) -> str:
+    """The peer comparison table for ``rows`` (`bench_peers`)."""
+    sources = sorted({r.pop("costs") for r in rows})
+    head = (f"`python benchmarks/bench_solver.py {' '.join(argv)}` on {_dt.date.today().isoformat()}, normal mode "
+            f"(PyTorch's implementations); costs: {', '.join(sources)}; times are wall clock on this machine's CPU.\n\n")
+    return head + md_table(list(rows[0]), [[str(v) for v in r.values()] for r in rows]) + "\n"
+
+
 def to_markdown(rows: list[dict], argv: list[str]) -> str:
     """The BENCHMARKS.md section for ``rows``."""
     df = pd.DataFrame(rows)
@@ -234,13 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="percentages of the plain peak")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per solve (wall clock)")
-    p.add_argument("--gap", type=float, default=0.02, help="stop once proven within this fraction of the bound")
+    p.add_argument("--gap", type=float, default=DEFAULT_GAP,
+                   help="stop once proven within this fraction of the bound (default %(default)g, monet solve's)")
     p.add_argument("--plain", action="store_true", help="also solve MONeT's formulation as written, for contrast")
     p.add_argument("--min-budget", action="store_true",
                    help="also time the smallest-budget search (monet solve --min-budget) per model")
     p.add_argument("--out", type=Path, default=None, help="markdown file whose solver section is (re)written")
     p.add_argument("--record-best", action="store_true",
                    help=f"write rows that beat the best known schedule into {BEST_KNOWN.name}, with this command")
+    p.add_argument("--peers", default=None, metavar="NAMES",
+                   help="compare these solver peers in normal mode instead (comma-separated: checkpoint_all, "
+                        "chen, greedy, rounding, ilp)")
     return p
 
 
@@ -253,6 +306,18 @@ def run(args, argv: list[str]) -> int:
     budgets = [float(b) for b in args.budgets.split(",") if b.strip()]  # "" : only --min-budget rows
     rows: list[dict] = []
     best = load_best_known()
+    if args.peers:
+        from monet.solver.solve import PEERS
+
+        peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+        bad = [p for p in peers if p not in PEERS]
+        if bad or not peers:
+            raise SystemExit(f"bench-solver: unknown peer(s) {', '.join(bad) or '(none given)'}; "
+                             f"choose from {', '.join(PEERS)}")
+        for m in models:
+            rows += bench_peers(m, CONFIGS[m], budgets, peers, args.solver, args.time_limit)
+        print(peers_markdown(rows, argv))
+        return 0
 
     def save(current):
         if args.out:

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from monet.inputs import ExampleInputs
+from monet.solver import DEFAULT_GAP
 
 # Optimizer state kept per parameter element, in units of the parameter's own bytes (PyTorch's
 # implementations: SGD with momentum keeps one buffer, Adam and AdamW two: exp_avg, exp_avg_sq).
@@ -74,7 +75,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              time_limit: float = 60.0, loss_fn=None, target=None, optimizer: str | None = None,
              accumulate_grads: bool = False, reserved_bytes: int = 0,
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
-             autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = 0.02,
+             autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = DEFAULT_GAP,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
              offload_bandwidth: float | None = None):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
@@ -189,7 +190,7 @@ class Plan:
         return mode
 
     def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
-              solver: str = "CBC", gap: float = 0.02, if_infeasible: str = "raise", accumulate_grads: bool = False,
+              solver: str = "CBC", gap: float = DEFAULT_GAP, if_infeasible: str = "raise", accumulate_grads: bool = False,
               reserved_bytes: int = 0, offload_bandwidth: float | None = None):
         """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
         from monet.solver.ilp import InfeasibleBudgetError

@@ -100,14 +100,12 @@ def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device
                     gpu_spec: str | None = None):
     """Costs of the variant graphs of operator implementations (full mode), made the way ``cost``
     made ``table``."""
-    from monet.profiling.costs import analytic_costs, costs_for
     from monet.profiling.profiler import hybrid_cost_fn
+    from monet.solver.choices import analytic_cost_fn
 
     spec = device_spec(gpu_spec, device)
     if cost == "analytic":
-        def cost_fn(variant, _keys, _governed):
-            return costs_for(variant, with_workspace_bound(analytic_costs(variant, spec), variant, device))
-        return cost_fn
+        return analytic_cost_fn(spec, workspace_device=device)
     return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure=cost)
 
 

@@ -7,6 +7,10 @@ costs it, and turns each node it applied to into a choice with one option per im
 backward nodes it governs do not depend on the other nodes' implementations), so one variant
 graph per implementation describes every combination (MONeT, Shah et al. ICLR 2021, Sec. 4).
 `chosen_graph` applies one option per choice and combines the costs of the chosen options.
+
+`full_model` caches the options and their memory model per graph; `lean_impls`, `fixed_time`,
+`no_recompute_bound` and `round_options` are what the full-mode portfolio (`solver.portfolio`) and
+the smallest-budget search (`solver.smallest`) read from the options.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 from monet.graph import OpGraph
 from monet.impls import DEFAULT, apply_impls, impls_for, variant
 from monet.profiling.costs import CostArrays
-from monet.solver.memory_model import Option
+from monet.solver.memory_model import Option, build_memory_model
 
 CostFn = Callable[[OpGraph, list[str], dict], CostArrays]
 
@@ -85,3 +89,99 @@ def chosen_graph(graph: OpGraph, costs: CostArrays, options: list[Option], impls
     out = CostArrays(fwd_time=fwd_time, fwd_recompute=fwd_rec, fwd_workspace=fwd_ws.astype(np.int64),
                      bwd_time=bwd_time, bwd_workspace=bwd_ws.astype(np.int64), source=costs.source)
     return apply_impls(graph, impls), out
+
+
+def analytic_cost_fn(spec=None, workspace_device: str | None = None):
+    """A ``cost_fn`` for `solver.choices.implementation_options`: analytic costs of a variant graph
+    (the roofline model ``spec``, default the CPU's).  With ``workspace_device`` ("cpu", "cuda"),
+    each operator is charged `monet.profiling.workspace`'s upper bound on its workspace there, as
+    the ``analytic`` cost source does (`monet.profiling.sources`); without, no workspace."""
+    from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
+    from monet.profiling.workspace import with_workspace_bound
+
+    def cost_fn(graph: OpGraph, _keys, _governed) -> CostArrays:
+        table = analytic_costs(graph, spec or DeviceSpec.cpu_default())
+        if workspace_device is not None:
+            table = with_workspace_bound(table, graph, workspace_device)
+        return costs_for(graph, table)
+    return cost_fn
+
+
+def option_seconds(o: Option) -> float:
+    """Forward and backward seconds of the nodes an implementation option governs (its costs)."""
+    return sum(float(o.bwd_time[t]) for t in o.governed) + (float(o.fwd_time[o.node]) if o.node >= 0 else 0.0)
+
+
+def lean_impls(options, cheap: bool = False) -> dict[str, str]:
+    """A memory-lean implementation per choice: a compact new value (mask, offsets) where there is
+    one, else the option with the least workspace (ties: PyTorch's); never an implementation that
+    stores more than PyTorch's kernel (``Impl.lean`` False: attention's math backend).
+
+    With ``cheap``, only options at most 5 % slower than PyTorch's kernel on their nodes are
+    candidates (by the costs of ``options``): the lean options can be slow, and the right ones
+    depend on the device.  On CPU (ResNet-50, batch 8, 96x96) the 1-bit ReLU mask's backward took
+    22x threshold_backward's time (5.3 ms vs 0.24 ms for 8x256x24x24) and the chunked convolution
+    backward 6x; on a GPU the mask costs a few percent.
+    """
+    from monet.impls import IMPLS
+
+    default = {o.key: option_seconds(o) for o in options if o.impl == "default"}
+    best: dict[str, tuple] = {}
+    for o in options:
+        if cheap and o.key in default and option_seconds(o) > 1.05 * default[o.key] + 1e-9:
+            continue
+        if o.impl in IMPLS and not IMPLS[o.impl].lean:
+            continue
+        token = IMPLS[o.impl].token if o.impl in IMPLS else ""
+        ws = sum(float(o.bwd_workspace[t]) for t in o.governed) + (float(o.fwd_workspace[o.node]) if o.node >= 0 else 0)
+        rank = (0 if token == "newnode" else 1, ws, o.impl != "default")
+        if o.key not in best or rank < best[o.key][0]:
+            best[o.key] = (rank, o.impl)
+    return {k: v for k, (_, v) in best.items() if v != "default"}
+
+
+def full_model(graph: OpGraph, costs: CostArrays, mode: str, device: str = "cpu", cost_fn=None, progress=None):
+    """(implementation options, `MemoryModel` with them) for a mode (`solver.choices`).
+
+    Cached on the graph per (mode, device, costs, cost_fn): a solve and a smallest-budget search
+    of the same graph build the variant graphs and measure their operators once.
+    """
+    cache = graph.__dict__.setdefault("_monet_full_models", {})
+    key = (mode, device, id(costs), id(cost_fn))
+    if key not in cache:
+        options = implementation_options(graph, costs, mode, device, cost_fn or analytic_cost_fn(), progress)
+        cache[key] = (costs, cost_fn, options,
+                      build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace, options))
+    return cache[key][2:]
+
+
+def fixed_time(graph: OpGraph, costs: CostArrays, options) -> float:
+    """Seconds of forward and backward time that no implementation option governs: the constant
+    part of the joint ILP's objective."""
+    governed = {t for o in options for t in o.governed}
+    chosen_nodes = {o.node for o in options if o.node >= 0}
+    return float(sum(costs.fwd_time[i] for i in range(len(graph.fwd)) if i not in chosen_nodes)
+                 + sum(costs.bwd_time[t] for t in range(len(graph.bwd)) if t not in governed))
+
+
+def no_recompute_bound(graph: OpGraph, costs: CostArrays, options) -> float:
+    """A lower bound (seconds) on any full-mode schedule's iteration time: the forward and backward
+    time with the fastest implementation of every choice and no recomputation.  Valid whatever
+    the budget; at loose budgets the LP relaxation's bound equals it (ResNet-50 at batch 184, 70 %:
+    0.6139 s both), and it stands in when the relaxation does not finish in time."""
+    fastest: dict[str, float] = {}
+    for o in options:
+        fastest[o.key] = min(fastest.get(o.key, float("inf")), option_seconds(o))
+    return fixed_time(graph, costs, options) + sum(fastest.values())
+
+
+def round_options(options, M_frac) -> dict[str, str]:
+    """The option with the largest relaxed value in each choice: {choice key: implementation name},
+    PyTorch's ("default") left out; ``M_frac`` (O,) is the LP relaxation's M."""
+    best: dict[str, tuple[float, str]] = {}
+    for o, v in zip(options, M_frac):
+        if o.key not in best or v > best[o.key][0]:
+            best[o.key] = (float(v), o.impl)
+    return {k: name for k, (_, name) in best.items() if name != "default"}
+
+

@@ -108,6 +108,44 @@ class ILPResult:
     O: np.ndarray | None = None  # (G,) groups offloaded to the host (None without offload)
 
 
+def allowed(graph: OpGraph, mem: MemoryModel, mode: str = "normal", prune: bool = True):
+    """Where the ILP has variables: (reads (T, G) bool: backward node t reads group g under some
+    option; allow_r (T, N): node i may be recomputed in stage t, an ancestor of what the stage
+    reads (none in mode "none"); allow_s (T, G): group g may be kept at the start of stage t, some
+    stage from t on may need it).  Without ``prune``, MONeT's formulation as written: R and S
+    everywhere.  The repairs and the greedy of `solver.repair` take ``allow_s``."""
+    N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
+    gnode = mem.group_node
+    anc = ancestors(graph)
+    rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
+    reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g (under some option)
+    reads[rt, rg] = True
+    need = np.zeros((T, N), dtype=bool)  # stage t may need node i (read, or an ancestor of a read)
+    for t in range(T):
+        for i in set(gnode[reads[t]].tolist()):
+            need[t, i] = True
+            need[t, list(anc[i])] = True
+    useful = np.zeros(N, dtype=bool)
+    useful[gnode] = True
+    need &= useful[None, :]
+    if not prune:  # MONeT's plain formulation, for contrast (`benchmarks/bench_solver.py --plain`): R everywhere
+        need = np.broadcast_to(useful[None, :], (T, N)).copy()
+    allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need
+    # forward edges at group level: node j reads group g
+    edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
+    eg = np.array([e[0] for e in edges], dtype=int)
+    ej = np.array([e[1] for e in edges], dtype=int)
+    need_g = reads.copy()
+    if len(edges):
+        tt, ee = np.nonzero(allow_r[:, ej])
+        need_g[tt, eg[ee]] = True
+    # S[t, g] can matter only if a stage from t on needs g
+    allow_s = np.flip(np.logical_or.accumulate(np.flip(need_g, axis=0), axis=0), axis=0)
+    if not prune:
+        allow_s = np.ones((T, G), dtype=bool)
+    return reads, allow_r, allow_s
+
+
 class Problem:
     """Variables and constraints shared by the time-minimising and the budget-minimising ILPs.
 
@@ -122,33 +160,12 @@ class Problem:
         N, T, G, O = len(graph.fwd), len(graph.bwd), len(mem.groups), mem.n_options
         self.N, self.T, self.G, self.O, self.mode = N, T, G, O, mode
         gnode = mem.group_node
-        anc = ancestors(graph)
         rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
-        reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g (under some option)
-        reads[rt, rg] = True
-        need = np.zeros((T, N), dtype=bool)  # stage t may need node i (read, or an ancestor of a read)
-        for t in range(T):
-            for i in set(gnode[reads[t]].tolist()):
-                need[t, i] = True
-                need[t, list(anc[i])] = True
-        useful = np.zeros(N, dtype=bool)
-        useful[gnode] = True
-        need &= useful[None, :]
-        if not prune:  # MONeT's plain formulation, for contrast (`benchmarks/bench_solver.py --plain`): R everywhere
-            need = np.broadcast_to(useful[None, :], (T, N)).copy()
-        allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need
+        reads, allow_r, allow_s = allowed(graph, mem, mode, prune)
         # forward edges at group level: node j reads group g
         edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
         eg = np.array([e[0] for e in edges], dtype=int)
         ej = np.array([e[1] for e in edges], dtype=int)
-        need_g = reads.copy()
-        if len(edges):
-            tt, ee = np.nonzero(allow_r[:, ej])
-            need_g[tt, eg[ee]] = True
-        # S[t, g] can matter only if a stage from t on needs g
-        allow_s = np.flip(np.logical_or.accumulate(np.flip(need_g, axis=0), axis=0), axis=0)
-        if not prune:
-            allow_s = np.ones((T, G), dtype=bool)
         self.reads, self.allow_r, self.allow_s = reads, allow_r, allow_s
 
         r_idx = np.flatnonzero(allow_r.ravel())
@@ -493,7 +510,7 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
     out (``recompute_rows``): a weaker relaxation in principle, but on ResNet-50 at batch 184 its
     bound was the same at 70 / 50 / 33 % of the plain peak (0.6249 / 0.6336 / 0.6411 s) in 12 /
     17 / 27 s instead of 22 / 44 / 58 s.  scipy's HiGHS releases the GIL: `solve_ilp` and
-    `solver.solve.solve_full` run it in a thread next to the local search at full scale.
+    `solver.portfolio.solve_full` run it in a thread next to the local search at full scale.
     """
     P = Problem(graph, mem, recompute_s, mode, relax=True, recompute_rows=False)
     relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
@@ -714,14 +731,14 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         progress: ``progress(str)``: the incumbent and the bound as the solve goes (CBC).
         relaxation: solve the LP relaxation first (a bound, and roundings that start the search).
             Without it, the search starts from the checkpoint schedules alone and has the LP's
-            time: `solver.solve.solve_full` takes its bound from the joint ILP and skips it for
+            time: `solver.portfolio.solve_full` takes its bound from the joint ILP and skips it for
             its fixed-implementation solves at full scale, where the search beat the roundings
             (see `solver.repair.improve`) and the LP took 8-25 s of a 60 s limit.
         peak_of: ``peak_of(S (T, G), R (T, N)) -> bytes``, the simulator's exact peak of a schedule.
             When the ILP (whose memory is an upper bound) finds nothing, repaired candidates and the
             smallest-budget schedule are accepted if this peak fits the budget (status "heuristic").
         smallest: when nothing fits, search the smallest budget (`solve_min_budget`) for the error
-            and for a schedule the simulator fits; `solver.solve.solve_full` searches once itself.
+            and for a schedule the simulator fits; `solver.portfolio.solve_full` searches once itself.
 
     Raises:
         InfeasibleBudgetError: no schedule fits; names the smallest feasible budget (None
@@ -817,7 +834,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         solver_name += "+start"
         status = "heuristic"
     elif mem.n_options:
-        # the caller (solver.solve.solve_full) fixes the implementations and repairs
+        # the caller (solver.portfolio.solve_full) fixes the implementations and repairs
         # the implementations the LP relaxation leans to (CBC's values when it has some)
         frac = frac_m if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
         # the bound (LP relaxation's, or CBC's) still bounds the joint problem for the caller

@@ -248,3 +248,19 @@ def build_offload_model(graph: OpGraph, mem, fwd_time: np.ndarray, bwd_time: np.
                          release=release, first=first, prefetch=prefetch, x=x, c_out=c_out, c_in=c_in,
                          fwd_total=float(fwd_time.sum()), bwd_total=float(bwd_time.sum()), nbytes=nbytes,
                          readers=readers, n_fwd=N, n_bwd=T)
+
+
+def check_offload(mode: str, offload_bandwidth) -> None:
+    """Offload is planned in normal mode only: checks a ``mode`` and an ``offload_bandwidth``
+    (bytes/s; None or 0: no offload) given together.
+
+    Raises:
+        ValueError: a negative bandwidth, or offload with another mode."""
+    if offload_bandwidth is not None and offload_bandwidth < 0:
+        raise ValueError(f"offload_bandwidth must be bytes per second >= 0 (0 or None: no offload), "
+                         f"got {offload_bandwidth!r}")
+    if offload_bandwidth and mode not in ("normal", "none"):
+        raise ValueError(f"offload to host memory is planned in mode 'normal' only, not {mode!r}: "
+                         f"use mode='normal' or offload_bandwidth=None")
+
+

@@ -8,7 +8,7 @@ import torch
 
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.solver import solve as solve_mod
+from monet.solver import normal as normal_mod
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.solve import eager_peak, solve
 from usernet import UserNet
@@ -26,7 +26,7 @@ def test_retry_at_the_named_budget_gets_the_search_schedule(monkeypatch):
     def nothing_in_time(*args, **kwargs):  # a time-limited ILP that found no schedule
         raise InfeasibleBudgetError(int(args[3]), None, "normal")
 
-    monkeypatch.setattr(solve_mod, "solve_ilp", nothing_in_time)
+    monkeypatch.setattr(normal_mod, "solve_ilp", nothing_in_time)
     sol = solve(graph, costs, least, "normal", time_limit=20)
     assert sol.meta.predicted_peak_bytes <= least
     assert sol.meta.solver.endswith("+min-budget")

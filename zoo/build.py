@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monet.solver import DEFAULT_GAP
 from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, entry, get, load_index, path_of, save_index)
 
 MODE = "inplace_conv_multiway_newnode"
@@ -432,7 +433,7 @@ def select_configs(models=None, budgets=None) -> list[ZooConfig]:
 
 
 def build(configs=None, *, root: Path | str | None = None, models=None, budgets=None,
-          time_limit: float = DEFAULT_TIME_LIMIT, gap: float = 0.02, solver: str = "CBC", jobs: int = 1,
+          time_limit: float = DEFAULT_TIME_LIMIT, gap: float = DEFAULT_GAP, solver: str = "CBC", jobs: int = 1,
           skip_existing: bool = False, solver_log: bool = True) -> tuple[list[dict], list[str]]:
     """(Re)build zoo entries and the index; returns (the index's records, failures).
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from monet.solver import DEFAULT_GAP
 from monet.cli.common import (CLIError, add_model_args, autocast_dtype, build_and_capture, check_inputs_spec,
                               cost_arrays, cost_fn_for, costs_table, fmt_size, log, parse_budget_arg, parse_shape,
                               print_json, reported, resolve_device, solution_fields, timed_step)
@@ -95,8 +96,9 @@ def add_arguments(p) -> None:
                         "overwrite their input). Default: inplace_conv_multiway_newnode (all; 'full')")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="solver time limit in seconds; the best schedule found by then is kept")
-    p.add_argument("--gap", type=float, default=0.02, metavar="FRACTION",
-                   help="stop once the schedule is proven within this fraction of the best bound (0: optimal)")
+    p.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
+                   help="stop once the schedule is proven within this fraction of the best bound "
+                        "(default %(default)g; 0: optimal)")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
                    help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
     p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",

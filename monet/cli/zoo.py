@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from monet.solver import DEFAULT_GAP
 from monet.cli.common import (EXIT_CHECK_FAILED, CLIError, Formatter, fmt_size, log, print_json, solution_fields,
                               timed_step)
 
@@ -51,8 +52,8 @@ def add_arguments(p) -> None:
     z.add_argument("--budgets", default=None, metavar="B1,B2",
                    help="budgets instead of each model's own (default 10GB ... 5GB for the CNNs, 50%%,33%% for GPT-2)")
     z.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S", help="seconds per solve")
-    z.add_argument("--gap", type=float, default=0.02, metavar="FRACTION",
-                   help="stop a solve once proven within this fraction of the bound")
+    z.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
+                   help="stop a solve once proven within this fraction of the bound (default %(default)g)")
     z.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC", help="MILP solver")
     z.add_argument("--jobs", "-j", type=int, default=1, help="models solved in parallel, one process each")
     z.add_argument("--skip-existing", action="store_true",

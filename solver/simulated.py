@@ -1,0 +1,81 @@
+"""A schedule's `Solution`, simulated; plain PyTorch's schedule and peak; the memory model of a graph.
+
+The helpers every solver (`solver.checkpoint_all`, `solver.chen`, `solver.greedy`,
+`solver.rounding`, `solver.normal`, `solver.portfolio`) shares: `finish_solution` turns keep /
+recompute matrices into the `Solution` whose predicted peak is the simulator's (`monet.simulate`),
+so solvers are compared on the same accounting.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import monet
+from monet.graph import OpGraph
+from monet.profiling.costs import CostArrays
+from monet.schedule import schedule_from_matrices
+from monet.simulate import schedule_peak
+from monet.solution import Solution, SolutionMeta
+from monet.solver.memory_model import MemoryModel, build_memory_model
+from monet.solver.offload import build_offload_model
+
+
+def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, status: str, solver: str,
+                    objective_s: float, bound_s, gap, solve_time_s: float, info: dict, inplace: bool = False,
+                    eager: int | None = None, eager_time: float | None = None, offload: tuple = (),
+                    offload_bandwidth: float | None = None, check: bool = True) -> Solution:
+    """The `Solution` of (S (T, N), R (T, N) bool: kept at the start of / recomputed in each backward
+    stage) on ``graph`` (with its implementations, ``graph.impls``), simulated: its
+    ``meta.predicted_peak_bytes`` is the simulator's peak (`monet.simulate`).
+    ``eager`` (bytes) and ``eager_time`` (seconds) are plain PyTorch's peak and iteration time, the
+    references of the reported saving and overhead; by default those of ``graph`` itself, which is
+    wrong when ``graph`` carries implementations other than PyTorch's.  ``offload``: the
+    `Schedule.offload` entries, planned at ``offload_bandwidth`` bytes/s.
+
+    Raises:
+        RuntimeError: with ``check``, a simulated peak above ``budget`` bytes (an internal error
+            for schedules whose memory an ILP's expressions bound); without it (schedules with
+            no budget knob: keep everything, Chen's sqrt(n)) the caller compares the peak."""
+    schedule = schedule_from_matrices(graph, S, R, offload)
+    schedule.impl, schedule.inplace = dict(graph.impls), inplace
+    sim = schedule_peak(graph, costs, schedule)
+    if check and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
+        raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
+                           f"budget {budget}; please report this with the model")
+    eager = eager_peak(graph, costs) if eager is None else eager
+    eager_time = costs.total_time if eager_time is None else eager_time
+    shape = graph.input_shape
+    meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", shape[0] if shape else 0),
+                        input_shape=info.get("input_shape", shape[1:]), dtype=info.get("dtype", graph.input_dtype),
+                        budget_bytes=budget, mode=mode, device=info.get("device", "cpu"),
+                        cost_source="+".join(costs.source), predicted_peak_bytes=sim.peak_bytes, eager_peak_bytes=eager,
+                        objective_s=objective_s, bound_s=bound_s, gap=gap, solve_time_s=solve_time_s,
+                        status=status, solver=solver, torch_version=torch.__version__,
+                        monet_version=monet.__version__, fingerprint=graph.fingerprint,
+                        graph_summary=graph.summary, n_fwd=len(graph.fwd), n_bwd=len(graph.bwd),
+                        eager_time_s=eager_time, inputs_spec=info.get("inputs_spec"),
+                        offload_bandwidth=offload_bandwidth if offload else None)
+    return Solution(schedule=schedule, S=np.asarray(S, dtype=bool), R=np.asarray(R, dtype=bool), meta=meta)
+
+
+def keep_all_matrices(graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
+    """S = every useful forward node kept in every stage, R = nothing recomputed: plain PyTorch."""
+    T, N = len(graph.bwd), len(graph.fwd)
+    return np.ones((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
+
+
+def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
+    """Simulated peak (bytes) of plain PyTorch: the keep-everything schedule."""
+    S, R = keep_all_matrices(graph)
+    return schedule_peak(graph, costs, schedule_from_matrices(graph, S, R)).peak_bytes
+
+
+def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | None = None) -> MemoryModel:
+    """The `MemoryModel` of ``graph`` with its costs' workspace, and with offload to host memory
+    at ``offload_bandwidth`` bytes/s (`solver.offload`; None or 0: none)."""
+    mem = build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace)
+    if offload_bandwidth:
+        mem.offload = build_offload_model(graph, mem, costs.fwd_time, costs.bwd_time, offload_bandwidth)
+    return mem
+
+

@@ -1,0 +1,132 @@
+"""The smallest-budget search: the smallest budget (bytes) a schedule fits, and that schedule.
+
+`min_budget` answers `monet solve --min-budget`; `smallest_schedule` is the fallback of a solve
+that finds nothing at its budget (`solver.solve.solve`, `solver.portfolio.solve_full`).  The
+search is cached on the graph, so a retry at the budget an `InfeasibleBudgetError` names gets the
+very schedule the search found.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from monet.graph import OpGraph
+from monet.impls import mode_tokens
+from monet.profiling.costs import CostArrays
+from monet.solution import Solution
+from monet.solver.choices import chosen_graph, chosen_impls, full_model, lean_impls
+from monet.solver.ilp import InfeasibleBudgetError, solve_min_budget
+from monet.solver.offload import check_offload
+from monet.solver.simulated import eager_peak, finish_solution, memory_model
+from monet.simulate import simulated_peak_fn
+
+
+def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode: str, solver: str,
+                      time_limit: float, device: str, cost_fn, ref: dict) -> Solution:
+    """The smallest-budget search's schedule (`_smallest`, ``time_limit`` seconds when not cached)
+    when it fits ``budget`` bytes (status "heuristic", solver "<name>+min-budget"); ``ref`` holds
+    ``inplace``, ``eager`` (bytes) and ``eager_time`` (seconds) for `finish_solution`.
+
+    Raises:
+        InfeasibleBudgetError: it does not fit; names the smallest budget found and the LP's bound.
+    """
+    least, proven, g, c, S, R, lower = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
+    if least > budget:
+        raise InfeasibleBudgetError(budget, least, mode, exact=proven, lower_bytes=lower) from None
+    return finish_solution(g, c, S, R, budget=budget, mode=mode, status="heuristic",
+                           solver=solver.upper() + "+min-budget",
+                           objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
+                           solve_time_s=0.0, info=info or {}, inplace=ref["inplace"], eager=ref["eager"],
+                           eager_time=ref["eager_time"])
+
+
+def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
+              cost_fn=None, progress=None, offload_bandwidth: float | None = None):
+    """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N), the
+    LP relaxation's lower bound in bytes or None) of the smallest-budget schedule found for ``mode``: the joint ILP's, or the normal-mode one on the
+    memory-lean implementations (`lean_impls`) if that is smaller.  ``time_limit`` (wall clock)
+    covers both: two thirds for the joint ILP, the rest for the lean one.
+
+    Cached on the graph per (mode, solver, device, costs, cost_fn): ``monet solve --min-budget``
+    searches, then solves at the budget found, and a full-mode solve that finds nothing at that
+    budget falls back to this very schedule instead of a second, time-limited search that may
+    stop at a larger budget."""
+    cache = graph.__dict__.setdefault("_monet_smallest", {})
+    key = (mode, solver.upper(), device, id(costs), id(cost_fn), offload_bandwidth or None)
+    if key not in cache:
+        cache[key] = (costs, cost_fn, _search_smallest(graph, costs, mode, solver, time_limit, device, cost_fn,
+                                                       progress, offload_bandwidth))
+    return cache[key][2]
+
+
+def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
+                     cost_fn=None, progress=None, offload_bandwidth: float | None = None):
+    """`_smallest` without its cache."""
+    # planned on 95 % of the limit: the steps overrun their shares by seconds they cannot stop
+    # (cvxpy's canonicalisation of each LP, the last candidate's simulation); GPT-2 small's search
+    # ended at 59.6-60.1 s of 60 without this margin
+    time_limit *= 0.95
+    t_end = time.perf_counter() + time_limit
+    tokens = mode_tokens(mode)
+    inplace = "inplace" in tokens
+    options, mem = full_model(graph, costs, mode, device, cost_fn) if tokens - {"inplace"} else ([], None)
+    if not options:
+        mem = memory_model(graph, costs, offload_bandwidth)
+    first = time_limit * (2 / 3 if options or mem.offload is not None else 1.0)
+    peak_of = simulated_peak_fn(graph, costs, mem, inplace)
+    least, proven, S, R, M, lower = solve_min_budget(graph, mem, mode, solver, first, peak_of=peak_of,
+                                                     progress=progress)
+    g, c = (chosen_graph(graph, costs, options, chosen_impls(options, M)) if M is not None else (graph, costs))
+    best = (least, proven, g, c, mem.group_to_node(S), R, lower)
+    if mem.offload is not None:
+        # the recompute-only search's schedule, with the offloads it allows: above LARGE variables
+        # both searches are heuristics, and the LP relaxation with offload rounds to other
+        # candidates (ResNet-50 at batch 184, 400 GB/s: 19.4 % of the plain peak alone, where the
+        # recompute-only search found 18.5 % without any offload)
+        base = memory_model(graph, costs)
+        _, _, S0, R0, _, _ = solve_min_budget(graph, base, mode, solver, max(1.0, t_end - time.perf_counter()),
+                                              peak_of=simulated_peak_fn(graph, costs, base, inplace))
+        least0 = int(np.ceil(peak_of(S0, R0)))
+        if least0 < least:
+            best = (least0, lower is not None and least0 <= lower, graph, costs, mem.group_to_node(S0), R0, lower)
+    if options:
+        g, c = chosen_graph(graph, costs, options, lean_impls(options))
+        m = memory_model(g, c)
+        lean, _, S, R, _, _ = solve_min_budget(g, m, "normal", solver, max(1.0, t_end - time.perf_counter()),
+                                               peak_of=simulated_peak_fn(g, c, m, inplace), progress=progress)
+        if lean < least:
+            # the joint model's bound bounds every implementation set, this one's included
+            best = (lean, lower is not None and lean <= lower, g, c, m.group_to_node(S), R, lower)
+    return best
+
+
+def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
+               time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None,
+               offload_bandwidth: float | None = None) -> tuple[int, bool]:
+    """Smallest feasible budget of a mode, in bytes, and whether the solver proved it minimal.
+
+    For modes with implementation choices, the smaller of the joint ILP's answer and the
+    normal-mode answer on the memory-lean implementations (`lean_impls`).  With
+    ``offload_bandwidth`` (bytes/s; normal mode), every value that can be offloaded to host
+    memory may be (`solver.offload`): the bandwidth sets the copy windows, not whether they pay.
+    """
+    check_offload(mode, offload_bandwidth)
+    if mode == "none":
+        return eager_peak(graph, costs), True
+    least, proven, *_ = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress,
+                                  offload_bandwidth)
+    return least, proven
+
+
+def min_budget_lower(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
+                     time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None) -> int | None:
+    """A lower bound (bytes) on `min_budget`'s answer in the ILP's memory model: the LP relaxation
+    of the budget-minimising ILP (`solver.ilp.min_budget_relaxation`), None if it gave no answer
+    in time.  The same search as `min_budget` (cached on the graph: calling both searches once)."""
+    if mode == "none":
+        return eager_peak(graph, costs)
+    lower = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn, progress)[-1]
+    return None if lower is None else int(np.floor(lower))
+
+
