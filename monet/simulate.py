@@ -16,7 +16,7 @@ Peak memory here is the quantity DESIGN.md measures: bytes allocated by tensors 
 plus backward, after warm-up, with parameter gradients set to None beforehand.
 
 `schedule_peak` is the one peak function of a schedule: every other peak is derived from it
-(`simulated_peak_fn`, the solver's view on its matrices) or tested against it
+(`monet.solver.simulated.simulated_peak_fn`, the solver's view on its matrices) or tested against it
 (`monet.solver.memory_model.MemoryModel.peak`, the ILP's linear upper bound).
 """
 from __future__ import annotations
@@ -31,7 +31,6 @@ import torch.fx as fx
 from monet.executor import build_modules
 from monet.graph import OpGraph, TANGENT, is_alias, tensor_bytes, tensors_in
 from monet.inplace import aliases_first, is_inplace, storage_root
-from monet.schedule import schedule_from_matrices
 from monet.solution import Schedule
 
 
@@ -173,30 +172,3 @@ def schedule_peak(graph: OpGraph, costs, schedule: Schedule) -> SimResult:
     """
     fw, bw = build_modules(graph, schedule)
     return simulate(graph, fw, bw, getattr(costs, "fwd_workspace", None), getattr(costs, "bwd_workspace", None))
-
-
-def simulated_peak_fn(graph: OpGraph, costs, mem, inplace: bool = False):
-    """The solver's view of `schedule_peak`: ``peak_of(S (T, G), R (T, N), M (O,) = None, O (G,) =
-    None) -> bytes``, the peak of the schedule the executor would run for the ILP's matrices.
-
-    Args:
-        graph, costs: the captured `OpGraph` and its `CostArrays` (PyTorch's implementations).
-        mem: the `monet.solver.memory_model.MemoryModel` whose groups S's columns are.
-        inplace: the schedule's in-place ReLU/add (`Schedule.inplace`).
-
-    ``peak_of`` builds the schedule with the implementations M chooses (None: PyTorch's), with the
-    groups O offloaded to host memory (None: `MemoryModel.offloaded`, the allowed groups the
-    schedule keeps through their windows), and returns its `schedule_peak`.
-    """
-    def peak_of(S_groups, R, M=None, O=None):
-        from monet.solver.choices import chosen_graph, chosen_impls  # the solver's: loaded on use only
-
-        g, c = graph, costs
-        if M is not None and mem.n_options:
-            g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
-        O = mem.offloaded(S_groups, R, O)
-        entries = () if O is None else mem.offload.entries(O)
-        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R, entries)
-        schedule.impl, schedule.inplace = dict(g.impls), inplace
-        return schedule_peak(g, c, schedule).peak_bytes
-    return peak_of

@@ -15,8 +15,7 @@ from monet.solution import Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import LARGE, InfeasibleBudgetError, problem_size, solve_ilp
 from monet.solver.memory_model import MemoryModel
-from monet.solver.simulated import finish_solution, memory_model
-from monet.simulate import simulated_peak_fn
+from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn
 
 
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,

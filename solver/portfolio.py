@@ -20,8 +20,7 @@ from monet.solver.deadline import Deadline
 from monet.solver.ilp import (LARGE, InfeasibleBudgetError, min_budget_relaxation, problem_size,
                               relaxation_in_background, relaxation_result, solve_ilp)
 from monet.solver.normal import solve_normal
-from monet.solver.simulated import eager_peak, finish_solution
-from monet.simulate import simulated_peak_fn
+from monet.solver.simulated import eager_peak, finish_solution, simulated_peak_fn
 from monet.solver.smallest import smallest_schedule
 
 # The conditions a step's ``when`` may name (all must hold when the step's turn comes).

@@ -15,8 +15,7 @@ from monet.solution import Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import InfeasibleBudgetError, allowed, lp_relaxation
 from monet.solver.repair import round_and_repair
-from monet.solver.simulated import finish_solution, memory_model
-from monet.simulate import simulated_peak_fn
+from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn
 
 
 def solve_rounding(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,

@@ -15,6 +15,7 @@ from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
 from monet.schedule import schedule_from_matrices
 from monet.simulate import schedule_peak
+from monet.solver.choices import chosen_graph, chosen_impls
 from monet.solution import Solution, SolutionMeta
 from monet.solver.memory_model import MemoryModel, build_memory_model
 from monet.solver.offload import build_offload_model
@@ -79,3 +80,26 @@ def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | N
     return mem
 
 
+def simulated_peak_fn(graph: OpGraph, costs, mem, inplace: bool = False):
+    """The solver's view of `monet.simulate.schedule_peak`: ``peak_of(S (T, G), R (T, N), M (O,) = None, O (G,) =
+    None) -> bytes``, the peak of the schedule the executor would run for the ILP's matrices.
+
+    Args:
+        graph, costs: the captured `OpGraph` and its `CostArrays` (PyTorch's implementations).
+        mem: the `monet.solver.memory_model.MemoryModel` whose groups S's columns are.
+        inplace: the schedule's in-place ReLU/add (`Schedule.inplace`).
+
+    ``peak_of`` builds the schedule with the implementations M chooses (None: PyTorch's), with the
+    groups O offloaded to host memory (None: `MemoryModel.offloaded`, the allowed groups the
+    schedule keeps through their windows), and returns its `schedule_peak`.
+    """
+    def peak_of(S_groups, R, M=None, O=None):
+        g, c = graph, costs
+        if M is not None and mem.n_options:
+            g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
+        O = mem.offloaded(S_groups, R, O)
+        entries = () if O is None else mem.offload.entries(O)
+        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R, entries)
+        schedule.impl, schedule.inplace = dict(g.impls), inplace
+        return schedule_peak(g, c, schedule).peak_bytes
+    return peak_of

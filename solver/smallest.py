@@ -18,8 +18,7 @@ from monet.solution import Solution
 from monet.solver.choices import chosen_graph, chosen_impls, full_model, lean_impls
 from monet.solver.ilp import InfeasibleBudgetError, solve_min_budget
 from monet.solver.offload import check_offload
-from monet.solver.simulated import eager_peak, finish_solution, memory_model
-from monet.simulate import simulated_peak_fn
+from monet.solver.simulated import eager_peak, finish_solution, memory_model, simulated_peak_fn
 
 
 def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode: str, solver: str,
