@@ -446,23 +446,36 @@ def load_or_profile(model: nn.Module, example_input: torch.Tensor, graph: OpGrap
 
 
 def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: OpGraph, base: pd.DataFrame,
-                   device: str = "cpu", spec=None, measure: str = "hybrid"):
+                   device: str = "cpu", spec=None, measure: str = "hybrid", repeats: int | None = None,
+                   warmup: int | None = None):
     """Costs of variant graphs (``cost_fn`` of `monet.solver.choices.implementation_options`).
 
-    Nodes an implementation changed are measured with one quick run each on ``device``
-    (`profile_costs` with ``only``); the other nodes keep ``base``'s row (the table of
-    ``base_graph``, the captured graph with PyTorch's kernels).
-    ``measure="hybrid"``: analytic times (``spec``) scaled by the measured ratio of the
-    implementation to PyTorch's kernel, and measured workspace; ``measure="profile"``: measured
-    times (5 repeats) and workspace.
+    Nodes an implementation changed are measured on ``device`` (`profile_costs` with ``only``);
+    the other nodes keep ``base``'s row (the table of ``base_graph``, the captured graph with
+    PyTorch's kernels).  ``measure``:
+
+    * ``"hybrid"``: analytic times (``spec``) scaled by the measured ratio of the implementation's
+      median time to PyTorch's kernel's on the same node, and measured workspace;
+    * ``"measured"`` or ``"profile"``: measured times and workspace.
+
+    ``repeats`` / ``warmup``: timed and discarded runs per node (default 5 / 2 for ``"profile"``,
+    3 / 1 otherwise, `monet.profiling.sources.QUICK`).  Warm medians matter on the CPU: a first
+    run there was 1.3-3x the warm one, enough to make a slower implementation look free.
 
     Returns:
         ``cost_fn(variant_graph, keys, governed) -> CostArrays``.
+
+    Raises:
+        ValueError: an unknown ``measure``.
     """
     from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
 
+    if measure not in ("hybrid", "measured", "profile"):
+        raise ValueError(f"measure must be 'hybrid', 'measured' or 'profile', got {measure!r}")
     spec = spec or DeviceSpec.cpu_default()
-    repeats, warmup = (1, 0) if measure == "hybrid" else (5, 2)
+    default = (5, 2) if measure == "profile" else (3, 1)
+    repeats = default[0] if repeats is None else repeats
+    warmup = default[1] if warmup is None else warmup
     base_graph_rows = base.set_index(["kind", "node"])
     measured_base: dict = {}
 
@@ -473,14 +486,14 @@ def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: Op
                              only=changed).set_index(["kind", "node"])
         todo = changed - set(measured_base)
         if measure == "hybrid" and todo:  # PyTorch's kernel on the same nodes, for the time ratio
-            measured_base.update(profile_costs(model, example_input, base_graph, device, 1, 0, progress=False,
-                                               only=todo).set_index(["kind", "node"])["time_s"].to_dict())
+            measured_base.update(profile_costs(model, example_input, base_graph, device, repeats, warmup,
+                                               progress=False, only=todo).set_index(["kind", "node"])["time_s"].to_dict())
         rows = []
         for r in table.to_dict("records"):
             key = (r["kind"], r["node"])
             if key in changed:
                 r["workspace_bytes"] = int(prof.loc[key, "workspace_bytes"])
-                if measure == "profile":
+                if measure != "hybrid":
                     r["time_s"] = r["recompute_s"] = float(prof.loc[key, "time_s"])
                 elif key in measured_base and measured_base[key] > 0:
                     ratio = float(prof.loc[key, "time_s"]) / measured_base[key]

@@ -7,8 +7,12 @@
   allocator, at the price of a higher smallest budget (ResNet-50, batch 2, 64x64, full mode: +8 %, the
   weight reorders of its last stage's convolutions) and a predicted peak that is a bound rather
   than within 2 % of the measured one.
-* ``hybrid``: analytic times, each operator's workspace (bytes) from one quick run on the device
-  (cached apart from full profiles, under ``<cache>/quick``), so the budget holds at the allocator.
+* ``hybrid``: each operator's workspace (bytes) from a quick profile on the device (`QUICK`: the
+  median of 3 runs after 1 warm-up; cached apart from full profiles, under ``<cache>/quick-warm``), so
+  the budget holds at the allocator.  Times: on a GPU the roofline's (analytic); on the CPU the
+  quick profile's, since the roofline does not rank CPU kernels (BENCHMARKS.md "Predicted against
+  measured overhead": EfficientNet-B0, 60 %, full mode, predicted +4.0 % where +49.6 % was
+  measured).
 * ``profile``: times and workspace measured on the device (`monet.profiling.profiler`).
 
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
@@ -23,6 +27,15 @@ import torch
 from monet.profiling.workspace import with_workspace_bound
 
 COST_SOURCES = ("analytic", "hybrid", "profile")
+# the quick profile of ``hybrid``: warm medians (a first, cold run of a CPU kernel was 1.3-3x its
+# warm time, so ratios and times from one unwarmed run mis-ranked implementations)
+QUICK = dict(repeats=3, warmup=1)
+
+
+def measures_times(cost: str, device: str) -> bool:
+    """Whether the cost source ``cost`` takes operator times from measurements on ``device``:
+    ``profile`` everywhere, ``hybrid`` on the CPU."""
+    return cost == "profile" or (cost == "hybrid" and not device.startswith("cuda"))
 
 
 def device_spec(gpu_spec: str | None, device: str):
@@ -58,17 +71,22 @@ def gpu_spec_for_hybrid(device: str, fallback: str = "h100") -> str | None:
     return None
 
 
-def with_measured_workspace(table: pd.DataFrame, model, inputs, graph, device: str,
-                            cache_dir=None) -> pd.DataFrame:
-    """``table`` with each operator's ``workspace_bytes`` from a quick profile (one timed run per
-    operator, no warm-up), cached apart from full profiles (``<cache>/quick``), so its one-run times
-    never stand in for a ``--cost profile`` measurement."""
-    from monet.profiling.costs import validate_costs
+def quick_profile(model, inputs, graph, device: str, cache_dir=None) -> pd.DataFrame:
+    """The quick profile of ``graph`` on ``device`` (`QUICK` runs per operator: seconds and
+    workspace bytes), cached apart from full profiles (``<cache>/quick-warm``), so that it never stands
+    in for a ``--cost profile`` measurement."""
     from monet.profiling.profiler import default_cache_dir, load_or_profile
 
-    quick_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "quick"
-    prof = load_or_profile(model, inputs, graph, device, cache_dir=quick_dir, repeats=1, warmup=0, progress=False)
-    ws = prof.set_index(["kind", "node"])["workspace_bytes"]
+    quick_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "quick-warm"
+    return load_or_profile(model, inputs, graph, device, cache_dir=quick_dir, progress=False, **QUICK)
+
+
+def with_measured_workspace(table: pd.DataFrame, model, inputs, graph, device: str,
+                            cache_dir=None) -> pd.DataFrame:
+    """``table`` with each operator's ``workspace_bytes`` from the quick profile (`quick_profile`)."""
+    from monet.profiling.costs import validate_costs
+
+    ws = quick_profile(model, inputs, graph, device, cache_dir).set_index(["kind", "node"])["workspace_bytes"]
     table = table.copy()
     table["workspace_bytes"] = [int(ws.get((k, n), 0)) for k, n in zip(table["kind"], table["node"])]
     table["source"] = table["source"] + "+measured-workspace"
@@ -90,6 +108,10 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
         raise ValueError(f"cost source must be one of {', '.join(COST_SOURCES)}, got {cost!r}")
     if cost == "profile":
         return load_or_profile(model, inputs, graph, device, cache_dir=cache_dir)
+    if measures_times(cost, device):  # hybrid on the CPU: the quick profile's times and workspace
+        table = quick_profile(model, inputs, graph, device, cache_dir).copy()
+        table["source"] = "hybrid:quick-" + table["source"].astype(str)
+        return table
     table = analytic_costs(graph, device_spec(gpu_spec, device))
     if cost == "hybrid":
         return with_measured_workspace(table, model, inputs, graph, device, cache_dir)
@@ -99,14 +121,20 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
 def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device: str,
                     gpu_spec: str | None = None):
     """Costs of the variant graphs of operator implementations (full mode), made the way ``cost``
-    made ``table``."""
+    made ``table`` (`monet.profiling.profiler.hybrid_cost_fn`): measured times where ``cost``
+    measures them (`measures_times`), else analytic times scaled by the measured ratio to
+    PyTorch's kernel."""
     from monet.profiling.profiler import hybrid_cost_fn
     from monet.solver.choices import analytic_cost_fn
 
     spec = device_spec(gpu_spec, device)
     if cost == "analytic":
         return analytic_cost_fn(spec, workspace_device=device)
-    return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure=cost)
+    if cost == "profile":
+        return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile")
+    return hybrid_cost_fn(model, inputs, graph, table, device, spec,
+                          measure="measured" if measures_times(cost, device) else "hybrid", **QUICK)
 
 
-__all__ = ["COST_SOURCES", "cost_table", "device_spec", "variant_cost_fn", "with_measured_workspace"]
+__all__ = ["COST_SOURCES", "QUICK", "cost_table", "device_spec", "measures_times", "quick_profile", "variant_cost_fn",
+           "with_measured_workspace"]
