@@ -23,6 +23,9 @@ GiB = 2**30
 BEST_KNOWN = Path(__file__).resolve().parents[1] / "benchmarks" / "best_known.csv"
 BEST_COLUMNS = ["model", "batch", "budget", "best", "unit", "found_by", "commit", "date"]
 _GB = re.compile(r"([0-9]*\.?[0-9]+)GB")
+# Relative difference below which an objective equals the best known (the same schedule's, in other
+# float rounding): such an objective neither beats it nor is "new best".
+SAME = 1e-9
 
 
 def load_best_known(path: Path | str = BEST_KNOWN) -> dict[tuple[str, int, str], float]:
@@ -56,6 +59,21 @@ def key_budget_bytes(key: str, eager_bytes: int) -> int | None:
     except ValueError:
         return None
     return int(eager_bytes * pct / 100)
+
+
+def budget_key(label: str) -> str | None:
+    """The table's key of a budget as the zoo writes it: ``"50%"`` -> ``"50"`` (the solver
+    benchmark's percent keys), ``"10GB"`` -> ``"10GB"``; None for ``"min"`` and any other form
+    (bytes, GiB, MiB: no row of the table is keyed so)."""
+    s = str(label).strip().upper().replace(" ", "")
+    try:
+        if s.endswith("%"):
+            return f"{float(s[:-1]):g}"
+        if _GB.fullmatch(s):
+            return f"{float(s[:-2]):g}GB"
+    except ValueError:
+        return None
+    return None
 
 
 def best_fitting(best: dict, model: str, batch: int, budget_bytes: int,
@@ -142,4 +160,5 @@ def record_best_known(rows: list[dict], command: str, path: Path | str = BEST_KN
     return better
 
 
-__all__ = ["BEST_KNOWN", "BEST_COLUMNS", "load_best_known", "key_budget_bytes", "best_fitting", "record_best_known"]
+__all__ = ["BEST_KNOWN", "BEST_COLUMNS", "SAME", "load_best_known", "budget_key", "key_budget_bytes", "best_fitting",
+           "record_best_known"]
