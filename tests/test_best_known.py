@@ -172,3 +172,4 @@ def test_zoo_build_command_passes_record_best(monkeypatch, tmp_path):
     argv = ["zoo", "build", "--models", "vgg16", "--budgets", "10GB", "--out-dir", str(tmp_path), "--record-best"]
     assert main(argv) == 0 and main(argv[:-1]) == 0
     assert seen[0]["record_best_by"] == "monet " + " ".join(argv) and seen[1]["record_best_by"] is None
+    assert seen[0]["time_limit"] == zb.DEFAULT_TIME_LIMIT == 60.0

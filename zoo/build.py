@@ -39,7 +39,7 @@ from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, entry, get, load_index, pa
 MODE = "inplace_conv_multiway_newnode"
 CNN_BUDGETS = ("10GB", "9GB", "8GB", "7GB", "6GB", "5GB")  # MONeT's budgets (GB = 2^30 bytes)
 GPT_BUDGETS = ("50%", "33%")
-DEFAULT_TIME_LIMIT = 300.0
+DEFAULT_TIME_LIMIT = 60.0  # seconds per solve: `monet solve`'s default (`monet.solver.solve.solve`'s time_limit)
 PROFILES = "profiles"
 
 

@@ -14,7 +14,7 @@ examples:
   monet zoo list
   monet zoo get resnet50-184-6GB -o resnet50_184_6GB.pkl
   monet check zoo:resnet50-184-6GB --run-bs          # any solution path takes zoo:NAME
-  monet zoo build --time-limit 300                    # regenerate everything (hours on 2 cores)
+  monet zoo build                                     # regenerate everything (up to 60 s per solve)
   monet zoo build --record-best                       # ... and write new best schedules into best_known.csv
   monet zoo build --models vgg16 --budgets 10GB --time-limit 60 --out-dir /tmp/zoo
   monet zoo verify                                    # every entry: loads, fingerprint, simulated peak
@@ -54,7 +54,8 @@ def add_arguments(p) -> None:
                    help=f"comma-separated models (default: all: {', '.join(BATCH)})")
     z.add_argument("--budgets", default=None, metavar="B1,B2",
                    help="budgets instead of each model's own (default 10GB ... 5GB for the CNNs, 50%%,33%% for GPT-2)")
-    z.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S", help="seconds per solve")
+    z.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
+                   help="seconds per solve (default %(default)g, monet solve's)")
     z.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
                    help="stop a solve once proven within this fraction of the bound (default %(default)g)")
     z.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC", help="MILP solver")
