@@ -16,7 +16,7 @@ ILP's variables and constraint rows, the build time, the solve time (everything 
 wall clock), the objective (predicted iteration time, seconds), the best bound, the gap
 (objective - bound) / objective, the predicted peak over the budget, the status, and whether it
 meets issue 18's target: within 1 % of the best schedule known for that row (`BEST_KNOWN`, the
-committed file ``benchmarks/best_known.csv``: the lowest objective any run here has found, with
+committed file ``benchmarks/best_known.csv``, `monet.solver.best_known`: the lowest objective any run here has found, with
 the command that found it) within the time limit, or, for a budget below the smallest feasible
 one, proven infeasible within the limit (the budget is under the LP relaxation's bound on the
 smallest budget, `solver.ilp.min_budget_relaxation`) where no schedule is known.  A ``min`` row
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,54 +48,14 @@ import pandas as pd
 
 from monet.profiling.markdown import md_table, write_section
 from monet.solver import DEFAULT_GAP
+from monet.solver.best_known import BEST_KNOWN, load_best_known, record_best_known
 from monet.zoo.build import BATCH as ZOO_BATCH
 
 CONFIGS = dict(ZOO_BATCH)  # model: batch size (MONeT, Table 2; GPT-2 small at 8), as the zoo builds them
 BUDGETS = (70, 60, 50, 40, 33)
 MODE = "inplace_conv_multiway_newnode"
 SECTION = "## Solver at full scale"
-BEST_KNOWN = Path(__file__).with_name("best_known.csv")
 TARGET = 0.01  # a row's schedule (or smallest budget) within 1 % of the best known (issue 18)
-BEST_COLUMNS = ["model", "batch", "budget", "best", "unit", "found_by", "commit", "date"]
-
-
-def load_best_known(path: Path = BEST_KNOWN) -> dict[tuple[str, int, str], float]:
-    """``{(model, batch, budget): best}`` from the best-known file: budget ``"70"`` (percent of the
-    plain peak) with the best objective in seconds, or ``"min"`` with the smallest feasible budget
-    in bytes.  An absent file is an empty table."""
-    if not path.exists():
-        return {}
-    df = pd.read_csv(path, dtype={"budget": str})
-    return {(r.model, int(r.batch), r.budget): float(r.best) for r in df.itertuples()}
-
-
-def record_best_known(rows: list[dict], command: str, path: Path = BEST_KNOWN) -> list[dict]:
-    """Write the rows that beat (or are missing from) the best-known file into it; returns them."""
-    df = (pd.read_csv(path, dtype={"budget": str}) if path.exists() else pd.DataFrame(columns=BEST_COLUMNS))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "?"
-    better = []
-    for r in rows:
-        value = r.get("_value")
-        if value is None:
-            continue
-        key = (df["model"] == r["model"]) & (df["batch"].astype(int) == int(r["batch"])) & (df["budget"] == r["_key"])
-        if key.any() and float(df.loc[key, "best"].iloc[0]) <= value:
-            continue
-        df = df[~key]
-        entry = dict(model=r["model"], batch=int(r["batch"]), budget=r["_key"], best=value,
-                     unit="s" if r["_key"] != "min" else "bytes", found_by=command, commit=commit,
-                     date=_dt.date.today().isoformat())
-        df = pd.concat([df, pd.DataFrame([entry])], ignore_index=True)
-        better.append(entry)
-    order = {m: k for k, m in enumerate(CONFIGS)}
-    df = df.sort_values(["model", "budget"], key=lambda c: c.map(order) if c.name == "model"
-                        else c.map(lambda b: -1.0 if b == "min" else -float(b)))
-    df[BEST_COLUMNS].to_csv(path, index=False)
-    return better
 
 
 def _against_best(row: dict, best: dict, time_limit: float) -> None:

@@ -18,6 +18,12 @@ the log names the smallest feasible budget, and the zoo records one entry ``<mod
 at that budget instead (its ``substitute_for`` lists the budgets it stands in for); smaller budgets
 of the same model are then skipped without solving.  So every model has a schedule for its tightest
 reachable budget, and no entry is named after a budget it does not meet.
+
+Each entry is held against the best schedule known (`monet.solver.best_known`, the committed
+``benchmarks/best_known.csv``): ``best_known_s``, the lowest objective (seconds) of the table's rows
+for its model and batch whose budget fits the entry's, and ``vs_best`` = objective / best known - 1
+(negative: a new best), for the configurations the table is for (`comparable`).  ``record_best_by``
+(``monet zoo build --record-best``) writes the new bests into the table.
 """
 from __future__ import annotations
 
@@ -27,12 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from monet.solver import DEFAULT_GAP
-from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, entry, get, load_index, path_of, save_index)
+from monet.solver.best_known import BEST_KNOWN, SAME, best_fitting, budget_key, load_best_known, record_best_known
+from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, entry, get, load_index, path_of, save_index, vs_best_text)
 
 MODE = "inplace_conv_multiway_newnode"
 CNN_BUDGETS = ("10GB", "9GB", "8GB", "7GB", "6GB", "5GB")  # MONeT's budgets (GB = 2^30 bytes)
 GPT_BUDGETS = ("50%", "33%")
-DEFAULT_TIME_LIMIT = 300.0
+DEFAULT_TIME_LIMIT = 60.0  # seconds per solve: `monet solve`'s default (`monet.solver.solve.solve`'s time_limit)
 PROFILES = "profiles"
 
 
@@ -224,10 +231,68 @@ class _Ctx:
     solver_log: bool
     existing: dict = field(default_factory=dict)
     skip_existing: bool = False
+    best: dict = field(default_factory=dict)  # `load_best_known`'s table the entries are held against
 
 
 def _pct(f) -> str:
     return "-" if f is None else f"{100 * f + 0.0:+.2f} %".replace("-0.00", "+0.00")
+
+
+def comparable(cfg: ZooConfig) -> bool:
+    """Whether ``cfg``'s entries can be held against the best-known table: the table's rows are for
+    the zoo model's own input shape, the full mode, a CUDA device and the P100 costs."""
+    from monet.zoo.models.registry import MODELS
+
+    return (cfg.mode == MODE and cfg.device == "cuda" and cfg.gpu_spec == "p100"
+            and cfg.shape == tuple(MODELS[cfg.model].input_shape))
+
+
+def best_known_fields(rec: dict, best: dict, eager_bytes: int) -> dict:
+    """The best-known fields of index record ``rec`` (`monet.zoo.index.FIELDS`): ``best_known_s``,
+    the lowest objective known (seconds, `best_fitting`) among the table's rows of the same model and
+    batch whose budget fits the entry's ``budget_bytes``; ``best_known_budget``, that row's key;
+    ``vs_best`` = objective / best known - 1 (negative: the entry beats every schedule known).  All
+    None when no row fits (or ``best`` is empty: a configuration the table does not cover).
+
+    ``eager_bytes``: plain PyTorch's simulated peak (bytes), for the table's percent budgets.  A
+    percent entry's own row fits it even where ``parse_budget``'s rounding puts its budget a byte
+    below the table's ``int(eager * pct / 100)``: they are the same budget.
+    """
+    budget = int(rec["budget_bytes"])
+    key = budget_key(rec["budget"])
+    if key is not None and not key.endswith("GB"):
+        budget = max(budget, int(eager_bytes * float(key) / 100))
+    found = best_fitting(best, rec["model"], rec["batch_size"], budget, eager_bytes)
+    if found is None:
+        return dict(best_known_s=None, best_known_budget=None, vs_best=None)
+    value, row = found
+    return dict(best_known_s=value, best_known_budget=row, vs_best=rec["objective_s"] / value - 1.0)
+
+
+def beats_best(rec: dict) -> bool:
+    """Whether entry ``rec`` has a budget key (`budget_key`) and beats the best schedule known
+    within its budget (``vs_best`` < 0, beyond float noise: `SAME`).  An entry no row fits has
+    nothing to beat (``vs_best`` None): it is not recorded."""
+    return budget_key(rec["budget"]) is not None and rec.get("vs_best") is not None and rec["vs_best"] < -SAME
+
+
+def record_best(records: list[dict], command: str, path: Path | str = BEST_KNOWN) -> list[dict]:
+    """Write the entries of ``records`` that beat the best schedule known within their budget
+    (`beats_best`) into the best-known table at ``path`` under their budget key (``"10GB"``,
+    ``"50"`` for ``"50%"``), with ``command`` as ``found_by``; returns the rows written
+    (`monet.solver.best_known.record_best_known`).
+
+    Raises:
+        OSError: the table cannot be written.
+    """
+    rows = [dict(model=r["model"], batch=r["batch_size"], _key=budget_key(r["budget"]), _value=r["objective_s"])
+            for r in records if beats_best(r)]
+    return record_best_known(rows, command, path) if rows else []
+
+
+def _held(rec: dict, cfg: ZooConfig, ctx: _Ctx, eager: int) -> dict:
+    """`best_known_fields` of ``rec``, against the build's table where it covers ``cfg``."""
+    return best_known_fields(rec, ctx.best if comparable(cfg) else {}, eager)
 
 
 def _solve(graph, zc: ZooCosts, cfg: ZooConfig, name: str, budget: int, ctx: _Ctx):
@@ -264,7 +329,7 @@ def _reuse(sol, budget: int, source_name: str):
     return out
 
 
-def _save_entry(sol, cfg: ZooConfig, label: str, ctx: _Ctx, wall: float, substitute_for=None) -> dict:
+def _save_entry(sol, cfg: ZooConfig, label: str, ctx: _Ctx, wall: float, eager: int, substitute_for=None) -> dict:
     from monet.solution import save_solution
 
     name = cfg.entry_name(label)
@@ -275,10 +340,12 @@ def _save_entry(sol, cfg: ZooConfig, label: str, ctx: _Ctx, wall: float, substit
     rec = record_of(sol, name=name, budget=label, file=file, file_bytes=path.stat().st_size,
                     time_limit_s=ctx.time_limit, substitute_for=substitute_for)
     rec["wall_s"] = round(wall, 1)
+    rec.update(_held(rec, cfg, ctx, eager))
     gap = "-" if sol.meta.gap is None else f"{100 * sol.meta.gap:.2f} %"
     _log(f"{name}: {sol.meta.status} ({sol.meta.solver}), budget {sol.meta.budget_bytes / GiB:.3f} GiB, predicted "
          f"peak {sol.meta.predicted_peak_bytes / GiB:.3f} GiB, overhead {_pct(rec['predicted_overhead'])}, gap {gap}, "
-         f"{rec['recomputations']} recomputations, {rec['file_bytes'] / 1024:.0f} KiB, {wall:.0f} s")
+         f"vs best known {_pct(rec['vs_best'])}, {rec['recomputations']} recomputations, "
+         f"{rec['file_bytes'] / 1024:.0f} KiB, {wall:.0f} s")
     return rec
 
 
@@ -332,6 +399,7 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
             # the same graph, unless an older monet grouped its ops into other nodes
             if (kept.meta.n_fwd, kept.meta.n_bwd) == (len(graph.fwd), len(graph.bwd)):
                 _log(f"{name}: kept (already in the zoo for this graph)")
+                old = {**old, **_held(old, cfg, ctx, eager)}
                 records.append(old)
                 built.append((name, kept))
                 continue
@@ -348,7 +416,7 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
                      f"({'nothing' if sol is None else f'{sol.meta.objective_s:.4f} s'}): using it")
                 sol = _reuse(prior[1], budget, prior[0])
             if sol is not None:
-                rec = _save_entry(sol, cfg, label, ctx, wall)
+                rec = _save_entry(sol, cfg, label, ctx, wall, eager)
                 built.append((name, sol))
                 records.append(rec)
                 emit(rec)
@@ -370,7 +438,7 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
                      f"{100 * least / eager:.1f} % of plain PyTorch's peak); recording {min_name} at that budget")
                 name = min_name
                 sol, wall = _solve(graph, zc, cfg, min_name, least, ctx)
-            min_rec = _save_entry(sol, cfg, "min", ctx, wall, substitute_for=[label])
+            min_rec = _save_entry(sol, cfg, "min", ctx, wall, eager, substitute_for=[label])
             records.append(min_rec)
             emit(min_rec)
         except Exception as e:  # noqa: BLE001 - one failed entry must not end the build
@@ -395,7 +463,7 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
             m.bound_s = own.meta.bound_s
             m.gap = None if m.bound_s is None else max(0.0, 1 - m.bound_s / m.objective_s)
             m.status = "gap" if m.gap is not None and m.gap <= ctx.gap else "heuristic"
-            new = _save_entry(sol, cfg, rec["budget"], ctx, rec.get("wall_s", 0.0),
+            new = _save_entry(sol, cfg, rec["budget"], ctx, rec.get("wall_s", 0.0), eager,
                               substitute_for=rec.get("substitute_for") or None)
             records[i] = new
             by_name[rec["name"]] = sol
@@ -434,7 +502,8 @@ def select_configs(models=None, budgets=None) -> list[ZooConfig]:
 
 def build(configs=None, *, root: Path | str | None = None, models=None, budgets=None,
           time_limit: float = DEFAULT_TIME_LIMIT, gap: float = DEFAULT_GAP, solver: str = "CBC", jobs: int = 1,
-          skip_existing: bool = False, solver_log: bool = True) -> tuple[list[dict], list[str]]:
+          skip_existing: bool = False, solver_log: bool = True, record_best_by: str | None = None,
+          best_known: Path | str = BEST_KNOWN) -> tuple[list[dict], list[str]]:
     """(Re)build zoo entries and the index; returns (the index's records, failures).
 
     Args:
@@ -443,6 +512,14 @@ def build(configs=None, *, root: Path | str | None = None, models=None, budgets=
         time_limit: seconds per solve (`monet.solver.solve.solve`).
         jobs: configurations solved in parallel (one process each; 1: in this process).
         skip_existing: keep entries already in the index for the same graph instead of solving again.
+        record_best_by: the command line of this build: each configuration's entries that beat the
+            best schedule known within their budget are written into ``best_known`` under their
+            budget key with it (`record_best`); None: the table is only read.
+        best_known: the best-known table (`monet.solver.best_known`) each entry's ``best_known_s``
+            and ``vs_best`` come from (only for configurations the table covers: `comparable`).
+
+    Raises:
+        OSError: the zoo folder or, with ``record_best_by``, the best-known table cannot be written.
 
     The index is rewritten after every entry (jobs=1) or configuration (jobs>1), so an interrupted
     build keeps what it finished.  Entries of a rebuilt configuration that this build did not produce
@@ -454,7 +531,7 @@ def build(configs=None, *, root: Path | str | None = None, models=None, budgets=
     configs = list(configs) if configs is not None else select_configs(models, budgets)
     index = {r["name"]: r for r in load_index(root)}
     ctx = _Ctx(root=root, time_limit=float(time_limit), gap=gap, solver=solver, solver_log=solver_log,
-               existing=dict(index), skip_existing=skip_existing)
+               existing=dict(index), skip_existing=skip_existing, best=load_best_known(best_known))
     failures: list[str] = []
     t0 = time.perf_counter()
 
@@ -475,6 +552,9 @@ def build(configs=None, *, root: Path | str | None = None, models=None, budgets=
             index[r["name"]] = r
         save_index(list(index.values()), root)
         failures.extend(failed)
+        if record_best_by is not None:
+            for e in record_best(records, record_best_by, best_known):
+                _log(f"new best known: {e['model']} {e['batch']} at {e['budget']}: {e['best']:.6g} {e['unit']}")
 
     _log(f"building {len(configs)} configuration(s) into {root}, time limit {time_limit:g} s per solve, "
          f"{jobs} job(s)")
@@ -612,20 +692,23 @@ def plot_frontier(records: list[dict], out: Path | str) -> Path:
 
 
 def markdown_table(records: list[dict]) -> str:
-    """The zoo as a GitHub markdown table (`monet.profiling.markdown.md_table`)."""
+    """The zoo as a GitHub markdown table (`monet.profiling.markdown.md_table`): per entry its
+    budget, predicted and plain peaks (GiB), predicted overhead, status, the solver's gap to its own
+    bound, the gap to the best schedule known (`monet.zoo.index.vs_best_text`: "-" for records
+    without one), solve time (s) and costs."""
     from monet.profiling.markdown import md_table
 
     header = ["entry", "model (batch)", "budget", "predicted peak GiB", "plain peak GiB", "predicted overhead",
-              "status", "gap", "solve s", "costs"]
+              "status", "gap", "vs best known", "solve s", "costs"]
     rows = []
     for r in records:
         budget = r["budget"] if r["budget"] != "min" else (
             f"min {r['budget_bytes'] / GiB:.2f} GiB (for {', '.join(r.get('substitute_for') or [])})")
         rows.append([r["name"], _model_label(r), budget, f"{r['predicted_peak_bytes'] / GiB:.2f}",
                      f"{r['eager_peak_bytes'] / GiB:.2f}", _pct(r.get("predicted_overhead")), r["status"],
-                     "-" if r.get("gap") is None else f"{100 * r['gap']:.2f} %",
+                     "-" if r.get("gap") is None else f"{100 * r['gap']:.2f} %", vs_best_text(r),
                      f"{r.get('solve_time_s', 0):.0f}", r["cost_source"]])
-    return md_table(header, rows, "lllrrrllrl")
+    return md_table(header, rows, "lllrrrlllrl")
 
 
 SECTION = "## Schedule zoo"

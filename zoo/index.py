@@ -56,12 +56,21 @@ FIELDS = {
     "torch_version": "torch version that made the entry",
     "created": "when the entry was made (ISO 8601, UTC)",
     "wall_s": "wall time of the entry's solve in the build that made it, seconds (0: an earlier schedule reused)",
+    "best_known_s": "the best objective known for this model and batch within budget_bytes, seconds: the lowest of "
+                    "benchmarks/best_known.csv's rows whose budget fits (monet.solver.best_known.best_fitting), as "
+                    "the build read it; null if none fits or the table is not for this entry's input shape, mode, "
+                    "device or costs",
+    "best_known_budget": "the budget key of that row: '70' (percent of the plain peak) or '10GB'; null if none",
+    "vs_best": "objective_s / best_known_s - 1, the gap to the best schedule known (negative: this entry beats it, "
+               "a new best); null if none",
 }
+# Fields an index written by an older monet lacks (read as null: "-" in the tables).
+LATER_FIELDS = ("best_known_s", "best_known_budget", "vs_best")
 
 # Columns of `list_entries` for `monet zoo list`: (index field, column title).
 TABLE = (("name", "name"), ("model", "model"), ("batch_size", "batch"), ("budget", "budget"),
          ("predicted_peak_bytes", "predicted peak"), ("predicted_overhead", "predicted overhead"),
-         ("status", "status"), ("gap", "gap"), ("cost_source", "source"))
+         ("status", "status"), ("gap", "gap"), ("vs_best", "vs best known"), ("cost_source", "source"))
 
 
 class ZooEntryError(SolutionFileError, KeyError):
@@ -173,10 +182,31 @@ def get(name: str, root: Path | str | None = None):
     return load_solution(path_of(name, root))
 
 
+def vs_best_text(record: dict) -> str:
+    """A record's gap to the best schedule known, for reading: ``"+0.42 %"``; ``"new best"`` when
+    its objective beats every fitting best known (``vs_best`` < 0, beyond float noise:
+    `monet.solver.best_known.SAME`), or equals the table's row at its own budget (the row recorded
+    from it); ``"-"`` when none is known (or the record predates the field)."""
+    from monet.solver.best_known import SAME, budget_key
+
+    v = record.get("vs_best")
+    if v is None or v != v:  # None or NaN
+        return "-"
+    if v < -SAME:
+        return "new best"
+    own = record.get("best_known_budget")
+    if abs(v) <= SAME:
+        if own is not None and own == budget_key(record.get("budget", "")):
+            return "new best"
+        v = 0.0
+    return f"{100 * v:+.2f} %"
+
+
 def list_entries(root: Path | str | None = None, raw: bool = False):
     """The zoo as a pandas DataFrame, one row per entry.
 
-    ``raw=False``: the `TABLE` columns, formatted for reading (peaks in GiB, overhead and gap in %);
+    ``raw=False``: the `TABLE` columns, formatted for reading (peaks in GiB, overhead, gap and the
+    gap to the best schedule known in %, `vs_best_text`);
     ``raw=True``: every index field, unformatted.
     """
     import pandas as pd
@@ -200,10 +230,11 @@ def list_entries(root: Path | str | None = None, raw: bool = False):
         "predicted overhead": [pct(v) for v in frame["predicted_overhead"]],
         "status": frame["status"],
         "gap": [pct(v, signed=False) for v in frame["gap"]],
+        "vs best known": [vs_best_text(r) for r in records],
         "source": frame["cost_source"],
     })
     return out.reset_index(drop=True)
 
 
-__all__ = ["ZOO_DIR", "PREFIX", "FIELDS", "TABLE", "ZooEntryError", "index_path", "load_index", "save_index",
-           "entry", "path_of", "is_reference", "resolve", "get", "list_entries"]
+__all__ = ["ZOO_DIR", "PREFIX", "FIELDS", "LATER_FIELDS", "TABLE", "ZooEntryError", "index_path", "load_index",
+           "save_index", "entry", "path_of", "is_reference", "resolve", "get", "list_entries", "vs_best_text"]

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script exits with it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for records that name it
     _quiet_and_steady_environment()
     try:
         known = _known_errors()

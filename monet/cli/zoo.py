@@ -14,7 +14,8 @@ examples:
   monet zoo list
   monet zoo get resnet50-184-6GB -o resnet50_184_6GB.pkl
   monet check zoo:resnet50-184-6GB --run-bs          # any solution path takes zoo:NAME
-  monet zoo build --time-limit 300                    # regenerate everything (hours on 2 cores)
+  monet zoo build                                     # regenerate everything (up to 60 s per solve)
+  monet zoo build --record-best                       # ... and write new best schedules into best_known.csv
   monet zoo build --models vgg16 --budgets 10GB --time-limit 60 --out-dir /tmp/zoo
   monet zoo verify                                    # every entry: loads, fingerprint, simulated peak
   monet zoo plot -o docs/zoo_frontier.png --markdown BENCHMARKS.md
@@ -46,12 +47,15 @@ def add_arguments(p) -> None:
                        description="Regenerate the prebuilt schedules and index.json (in the installed zoo\n"
                                    "unless --out-dir). Costs: a profile in zoo/profiles/ for the graph, else the\n"
                                    "analytic P100 roofline. An infeasible budget is logged with the smallest\n"
-                                   "feasible one, and one '<model>-<batch>-min' entry is made at that budget.")
+                                   "feasible one, and one '<model>-<batch>-min' entry is made at that budget.\n"
+                                   "Each entry records its gap to the best schedule known within its budget\n"
+                                   "(benchmarks/best_known.csv): best_known_s and vs_best in index.json.")
     z.add_argument("--models", default=None, metavar="M1,M2",
                    help=f"comma-separated models (default: all: {', '.join(BATCH)})")
     z.add_argument("--budgets", default=None, metavar="B1,B2",
                    help="budgets instead of each model's own (default 10GB ... 5GB for the CNNs, 50%%,33%% for GPT-2)")
-    z.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S", help="seconds per solve")
+    z.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
+                   help="seconds per solve (default %(default)g, monet solve's)")
     z.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
                    help="stop a solve once proven within this fraction of the bound (default %(default)g)")
     z.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC", help="MILP solver")
@@ -61,6 +65,9 @@ def add_arguments(p) -> None:
     z.add_argument("--quiet", action="store_true", help="no solver progress lines, only one line per entry")
     z.add_argument("--out-dir", type=Path, default=None, metavar="DIR",
                    help="zoo folder to write (index.json, schedules/); default the installed zoo")
+    z.add_argument("--record-best", action="store_true",
+                   help="write entries that beat the best schedule known within their budget into "
+                        "benchmarks/best_known.csv (under '10GB', or '50' for 50%%), with this command line")
     z.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     z = zoo.add_parser("verify", help="check entries: load, graph fingerprint, simulated peak within budget")
     z.add_argument("names", nargs="*", metavar="NAME", help="entries to check (default: all)")
@@ -128,9 +135,14 @@ def _zoo_build(args) -> int:
         configs = zb.select_configs(models, budgets)
     except ValueError as e:
         raise CLIError(str(e)) from None
+    command = None
+    if args.record_best:
+        import shlex
+
+        command = "monet " + shlex.join(args.argv)
     records, failures = zb.build(configs, root=args.out_dir, time_limit=args.time_limit, gap=args.gap,
                                  solver=args.solver, jobs=args.jobs, skip_existing=args.skip_existing,
-                                 solver_log=not args.quiet)
+                                 solver_log=not args.quiet, record_best_by=command)
     for f in failures:
         print(f"monet zoo: failed: {f}", file=sys.stderr)
     if args.json:
