@@ -109,7 +109,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             unsharded gradients are in its graph already.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``: count its state
             (0, 1, 2, 2 times the parameter bytes) in the budget.  None: not counted.
-        cost: ``"hybrid"`` (analytic times, measured workspace), ``"analytic"`` or ``"profile"``
+        cost: ``"hybrid"`` (measured workspace; measured times on the CPU, the roofline's on a
+            GPU), ``"analytic"`` or ``"profile"``
             (`monet.profiling.sources`).
         device: the device the costs are for; default the inputs' device.
         gpu_spec: a roofline preset for analytic times on a GPU (``"h100"``, ``"p100"`` ...).

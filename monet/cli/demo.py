@@ -23,8 +23,8 @@ EPILOG = f"""\
 The default model is {DEMO_MODEL} (the real architecture) at a quarter of its width (base width
 {DEMO_WIDTH}), batch {DEMO_BATCH}, input {"x".join(map(str, DEMO_SHAPE))}: its parameters and their gradients are about 13 % of
 plain PyTorch's peak, the activations most of the rest, as on a GPU at MONeT's batch sizes. The
-demo captures and costs it once (analytic times, workspace from a quick profile, cached), solves
-the ILP in --mode (default normal: keep or recompute) at each of --budgets (a budget below the
+demo captures and costs it once (hybrid: a quick profile's workspace, and on the CPU its times;
+cached), solves the ILP in --mode (default normal: keep or recompute) at each of --budgets (a budget below the
 smallest feasible one is solved at the smallest found, and said), then measures, each against
 plain PyTorch from the same weights and data: plain PyTorch, Chen's sqrt(n) checkpointing
 (torch.utils.checkpoint), torch.compile with activation_memory_budget {COMPILE_BUDGET:g} (--compile-budget),
@@ -225,7 +225,7 @@ def run(args) -> int:
         m = copy.deepcopy(model) if m is None else m
         return WithLoss(m, loss_fn) if loss_fn is not None else m
 
-    with timed_step("capturing and costing (analytic times, workspace from a quick profile, cached)") as s:
+    with timed_step("capturing and costing (hybrid: a quick profile of every operator, cached)") as s:
         with reported():
             plan = prepare(copy.deepcopy(model), x, loss_fn=loss_fn, target=target, cost="hybrid",
                            cache_dir=args.cache_dir, progress=False)

@@ -106,8 +106,9 @@ def add_arguments(p) -> None:
                         "no device; each operator's workspace is charged at an upper bound from its "
                         "shapes (per op family, measured on CPU; see monet.profiling.workspace), so "
                         "the budget holds where the schedule runs, at the price of a smallest budget "
-                        "a few percent higher and a predicted peak that is a bound; hybrid: analytic times, "
-                        "workspace from a quick run of every operator on --device (cached); "
+                        "a few percent higher and a predicted peak that is a bound; hybrid: workspace from a "
+                        "quick profile of every operator on --device (median of 3 warm runs, cached), "
+                        "times from it on the CPU and from the roofline on a GPU; "
                         "profile: times and workspace measured on --device (cached)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
