@@ -10,9 +10,9 @@
 * ``hybrid``: each operator's workspace (bytes) from a quick profile on the device (`QUICK`: the
   median of 3 runs after 1 warm-up; cached apart from full profiles, under ``<cache>/quick-warm``), so
   the budget holds at the allocator.  Times: on a GPU the roofline's (analytic); on the CPU the
-  quick profile's, since the roofline does not rank CPU kernels (BENCHMARKS.md "Predicted against
-  measured overhead": EfficientNet-B0, 60 %, full mode, predicted +4.0 % where +49.6 % was
-  measured).
+  quick profile's, since the roofline does not rank CPU kernels (BENCHMARKS.md's real-model table
+  of 2026-11-25 07:56, with roofline times: EfficientNet-B0, batch 16, full mode, predicted +14.8 %
+  where +63.2 % was measured; "Predicted against measured overhead" has today's figures).
 * ``profile``: times and workspace measured on the device (`monet.profiling.profiler`).
 
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
