@@ -177,8 +177,7 @@ def bench_model(res: Result, args, log, save) -> None:
         try:
             sol = plan.solve(res.budget[mode], mode=solver_mode, time_limit=args.time_limit, if_infeasible="smallest")
             res.budget[mode] = sol.meta.budget_bytes
-            if sol.meta.eager_time_s:
-                m.predicted_overhead = sol.meta.objective_s / sol.meta.eager_time_s - 1.0
+            m.predicted_overhead = sol.meta.predicted_overhead()
             m.note = f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
             b.measure(f"MONeT {mode}", plan.wrap(sol, b.fresh()), inputs, res.repeats, m)
         except Exception as e:  # noqa: BLE001 - a failure is the cell's content

@@ -209,7 +209,7 @@ def record_of(sol, *, name: str, budget: str, file: str, file_bytes: int, time_l
               substitute_for=None) -> dict:
     """The index record (`monet.zoo.index.FIELDS`) of a solution saved as ``file``."""
     m = sol.meta
-    overhead = m.objective_s / m.eager_time_s - 1.0 if m.eager_time_s else None
+    overhead = m.predicted_overhead()
     return dict(name=name, model=m.model, batch_size=m.batch_size, input_shape=list(m.input_shape), dtype=m.dtype,
                 budget=budget, budget_bytes=m.budget_bytes, substitute_for=list(substitute_for or []),
                 mode=m.mode, device=m.device, cost_source=m.cost_source,

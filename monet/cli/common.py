@@ -292,7 +292,7 @@ def profile_table(model, x, graph, device: str, cache_dir, **kw):
 
 def solution_fields(meta) -> dict:
     """The solution's figures as ``--json`` reports them (bytes, seconds, fractions)."""
-    overhead = (meta.objective_s / meta.eager_time_s - 1.0) if meta.eager_time_s else None
+    overhead = meta.predicted_overhead()
     return dict(status=meta.status, objective=meta.objective_s, bound=meta.bound_s, gap=meta.gap,
                 solve_time_s=meta.solve_time_s, budget_bytes=meta.budget_bytes,
                 predicted_peak_bytes=meta.predicted_peak_bytes, eager_peak_bytes=meta.eager_peak_bytes,
