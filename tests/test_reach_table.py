@@ -1,0 +1,40 @@
+"""The real-model table's predicted-against-measured rows (`benchmarks/reach_table.py`, issue 18:
+predicted overhead within 5 points of the measured one on the CPU)."""
+from __future__ import annotations
+
+import reach_table as rt
+
+
+def _result(model, budget_frac, **cells):
+    r = rt.Result(model, batch=4, plain_sim=1000)
+    for mode, (pred, meas) in cells.items():
+        r.budget[mode] = int(budget_frac * 1000)
+        r.monet[mode] = rt.Measured(peak=500, overhead=meas, predicted_overhead=pred)
+    return r
+
+
+def test_prediction_rows_hold_the_five_point_tolerance():
+    res = [_result("a", 0.5, normal=(0.10, 0.149), full=(0.10, 0.151)),
+           _result("b", 0.77, normal=(0.70, 0.60))]
+    rows = rt.prediction_rows(res)
+    assert [(d["model"], d["mode"], d["within"]) for d in rows] == [
+        ("a", "normal", True), ("a", "full", False), ("b", "normal", False)]
+    assert abs(rows[2]["points"] - 10.0) < 1e-9 and abs(rows[2]["budget"] - 0.77) < 1e-9
+    text = rt.prediction_table(res)
+    assert "1 of 3 MONeT schedules" in text and "**no**" in text
+
+
+def test_cells_without_a_measurement_or_prediction_are_left_out():
+    r = _result("a", 0.5, normal=(0.1, 0.1))
+    r.monet["full"] = rt.Measured(note="error: infeasible")
+    assert [d["mode"] for d in rt.prediction_rows([r])] == ["normal"]
+    assert rt.prediction_table([rt.Result("empty")]) == ""
+
+
+def test_zoo_models_are_named_and_built_at_the_bench_configurations():
+    assert rt.zoo_names() == [rt.ZOO + n for n in rt.bench.CONFIGS]
+    model, x, target = rt.build("zoo/vgg16", 2)
+    assert tuple(x.shape) == (2, *rt.bench.CONFIGS["vgg16"].input_shape) and target.shape == (2,)
+    assert int(target.max()) < model(x).shape[1]  # classes the head has
+    _, _, none = rt.build("zoo/unet", 1)
+    assert none is None  # trained with the mean square of its output
