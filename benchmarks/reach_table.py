@@ -60,7 +60,6 @@ class Measured:
     peak: int | None = None
     overhead: float | None = None
     predicted_overhead: float | None = None
-    predicted_operators: float | None = None  # objective / operators' seconds - 1, without the calibration
     note: str = ""
 
 
@@ -179,8 +178,6 @@ def bench_model(res: Result, args, log, save) -> None:
             sol = plan.solve(res.budget[mode], mode=solver_mode, time_limit=args.time_limit, if_infeasible="smallest")
             res.budget[mode] = sol.meta.budget_bytes
             m.predicted_overhead = sol.meta.predicted_overhead()
-            if sol.meta.eager_time_s:
-                m.predicted_operators = sol.meta.objective_s / sol.meta.eager_time_s - 1.0
             m.note = f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
             b.measure(f"MONeT {mode}", plan.wrap(sol, b.fresh()), inputs, res.repeats, m)
         except Exception as e:  # noqa: BLE001 - a failure is the cell's content
@@ -290,50 +287,36 @@ PREDICTION_TOLERANCE = 0.05  # issue 18: predicted overhead within 5 points of t
 
 def prediction_rows(results: list[Result]) -> list[dict]:
     """One dict per MONeT cell with both a predicted and a measured overhead: model, mode, budget
-    (fraction of the simulated plain peak), predicted (`SolutionMeta.predicted_overhead`, calibrated
-    by measured iterations), operators (the objective over the operators' seconds alone, None when
-    not recorded), measured, points (|predicted - measured| x 100, and ``points_operators``) and
-    whether each is within `PREDICTION_TOLERANCE`."""
+    (fraction of the simulated plain peak), predicted, measured, points (|predicted - measured| x
+    100) and whether that is within `PREDICTION_TOLERANCE`."""
     rows = []
     for r in results:
         for mode, m in r.monet.items():
             if m.overhead is None or m.predicted_overhead is None:
                 continue
             diff = abs(m.predicted_overhead - m.overhead)
-            ops = None if m.predicted_operators is None else abs(m.predicted_operators - m.overhead)
             rows.append(dict(model=r.model, mode=mode, budget=r.budget[mode] / r.plain_sim,
-                             predicted=m.predicted_overhead, operators=m.predicted_operators, measured=m.overhead,
-                             points=100 * diff, within=diff <= PREDICTION_TOLERANCE + 1e-12,
-                             points_operators=None if ops is None else 100 * ops,
-                             within_operators=None if ops is None else ops <= PREDICTION_TOLERANCE + 1e-12))
+                             predicted=m.predicted_overhead, measured=m.overhead, points=100 * diff,
+                             within=diff <= PREDICTION_TOLERANCE + 1e-12))
     return rows
 
 
 def prediction_table(results: list[Result]) -> str:
     """The predicted against the measured overhead of every MONeT cell, and how many are within
-    5 points, for the calibrated prediction and for the operators' seconds alone."""
+    5 points."""
     rows = prediction_rows(results)
     if not rows:
         return ""
-    body = [[d["model"], d["mode"], f"{d['budget']:.2f}", pct(d["predicted"]),
-             "" if d["operators"] is None else pct(d["operators"]), pct(d["measured"]),
-             f"{d['points']:.1f}" + ("" if d["within"] else " **no**"),
-             "" if d["points_operators"] is None else
-             f"{d['points_operators']:.1f}" + ("" if d["within_operators"] else " **no**")] for d in rows]
+    body = [[d["model"], d["mode"], f"{d['budget']:.2f}", pct(d["predicted"]), pct(d["measured"]),
+             f"{d['points']:.1f}", "yes" if d["within"] else "**no**"] for d in rows]
     n_in = sum(d["within"] for d in rows)
-    both = [d for d in rows if d["within_operators"] is not None]
-    n_ops = sum(d["within_operators"] for d in both)
     return "\n".join([
         "### Predicted against measured overhead", "",
         f"{n_in} of {len(rows)} MONeT schedules above have a predicted overhead within "
-        f"{100 * PREDICTION_TOLERANCE:.0f} points of the measured one"
-        + (f"; from the operators' seconds alone, {n_ops} of {len(both)}" if both else "") + ". "
-        "*predicted*: `SolutionMeta.predicted_overhead`, (K + R) / P - 1 with P and K one measured iteration of "
-        "plain PyTorch and of the executor with nothing recomputed and R the schedule's extra predicted seconds "
-        "(`monet.profiling.calibration`); *operators*: R over the operators' seconds; *points*: |predicted - "
-        "measured| in percentage points. Costs `hybrid`: on the CPU the quick profile's warm medians.", "",
-        md_table(["model", "mode", "budget", "predicted", "operators", "measured", "points", "points (operators)"],
-                 body, "llrrrrrr"), ""])
+        f"{100 * PREDICTION_TOLERANCE:.0f} points of the measured one (*points*: |predicted - measured| in "
+        "percentage points; the costs are `hybrid`, on the CPU the quick profile's warm medians).", "",
+        md_table(["model", "mode", "budget", "predicted", "measured", "points", "within 5 points"], body,
+                 "llrrrrl"), ""])
 
 
 def section(results: list[Result], command: str, started: str, elapsed: float, finished: bool,

@@ -154,10 +154,6 @@ class Plan:
         graph: the `OpGraph`; costs: its `CostArrays`; cost_fn: costs of implementation variants.
         eager_peak_bytes: plain PyTorch's simulated peak, bytes (what ``"50%"`` is half of).
         device: the device type the costs are for.
-        iterations: measured iterations of plain PyTorch and of the executor with nothing
-            recomputed (`monet.profiling.calibration.IterationTimes`), where the cost source
-            measures times; every solution's ``meta`` records them, and its
-            ``predicted_overhead()`` uses them.  None otherwise.
     """
 
     module: nn.Module
@@ -169,7 +165,6 @@ class Plan:
     device: str
     name: str
     progress: bool = True
-    iterations: object = None
 
     def _log(self, message: str) -> None:
         if self.progress:
@@ -199,7 +194,6 @@ class Plan:
               solver: str = "CBC", gap: float = DEFAULT_GAP, if_infeasible: str = "raise", accumulate_grads: bool = False,
               reserved_bytes: int = 0, offload_bandwidth: float | None = None):
         """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
-        from monet.profiling.calibration import calibrate
         from monet.solver.ilp import InfeasibleBudgetError
         from monet.solver.solve import parse_budget, solve
 
@@ -239,7 +233,6 @@ class Plan:
                 raise
             self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
             sol = solve(self.graph, self.costs, e.min_budget_bytes, mode, **kw)
-        calibrate(sol, self.iterations)
         overhead = sol.meta.predicted_overhead()
         self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
                   f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations"
@@ -265,8 +258,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     """
     from monet.capture import capture
     from monet.profiling.costs import costs_for
-    from monet.profiling.calibration import measure_iterations
-    from monet.profiling.sources import cost_table, measures_times, variant_cost_fn
+    from monet.profiling.sources import cost_table, variant_cost_fn
     from monet.solver.solve import eager_peak
 
     log = _log if progress else (lambda _m: None)
@@ -290,14 +282,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     eager = eager_peak(graph, costs)
     log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
         f"{eager / 2**20:.1f} MiB, operators {1e3 * costs.total_time:.1f} ms per iteration")
-    iterations = None
-    if measures_times(cost, device) and autocast_dtype is None:
-        t0 = time.perf_counter()
-        iterations = measure_iterations(module, inputs, graph, costs, device=device)
-        log(f"measured in {time.perf_counter() - t0:.1f} s: an iteration of plain PyTorch "
-            f"{1e3 * iterations.plain_s:.1f} ms, of the executor with nothing recomputed "
-            f"{1e3 * iterations.executor_s:.1f} ms (they calibrate the predicted overhead)")
-    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress, iterations)
+    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress)
 
 
 __all__ = ["optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

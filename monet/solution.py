@@ -157,10 +157,6 @@ class SolutionMeta:
             the model's factory.  Files written before this field existed load with None.
         offload_bandwidth: bytes per second (each direction) the offload to host memory was
             planned for (`solver.offload`); None: no offload (and files written before it).
-        plain_iteration_s, executor_iteration_s: measured median seconds of one training
-            iteration of plain PyTorch and of the executor with nothing recomputed
-            (`monet.profiling.calibration`), where the cost source measured times; None
-            otherwise (and in files written before these fields).  `predicted_overhead` uses them.
     """
     model: str
     batch_size: int
@@ -189,8 +185,6 @@ class SolutionMeta:
     autocast: tuple[str, str] | None = None
     inputs_spec: str | None = None  # a class attribute too: old pickles without the field read None
     offload_bandwidth: float | None = None  # likewise
-    plain_iteration_s: float | None = None  # likewise
-    executor_iteration_s: float | None = None  # likewise
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -202,10 +196,8 @@ class SolutionMeta:
             setattr(self, name, int(getattr(self, name)))
         for name in ("objective_s", "solve_time_s"):
             setattr(self, name, float(getattr(self, name)))
-        for name in ("bound_s", "gap", "eager_time_s", "offload_bandwidth", "plain_iteration_s",
-                     "executor_iteration_s"):
+        for name in ("bound_s", "gap", "eager_time_s", "offload_bandwidth"):
             setattr(self, name, _opt_float(getattr(self, name)))
-
         for name in ("mode", "device", "cost_source", "status", "solver", "torch_version",
                      "monet_version", "fingerprint", "created"):
             setattr(self, name, str(getattr(self, name)))
@@ -220,18 +212,12 @@ class SolutionMeta:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 
     def predicted_overhead(self) -> float | None:
-        """The schedule's predicted iteration time over plain PyTorch's, minus 1 (0.1 = +10 %).
-
-        With measured iterations (`monet.profiling.calibration`: P = ``plain_iteration_s``, K =
-        ``executor_iteration_s``): (K + objective_s - eager_time_s) / P - 1, the executor's own
-        iteration plus the schedule's extra predicted seconds (recomputations, implementations).
-        Else objective_s / eager_time_s - 1 (the cost table's seconds alone); None without an
-        ``eager_time_s``."""
+        """The schedule's predicted iteration time over plain PyTorch's, minus 1 (0.1 = +10 %):
+        objective_s / eager_time_s - 1, both sums of the cost table's seconds; None without an
+        ``eager_time_s``.  On the CPU, with measured costs, BENCHMARKS.md "Predicted against
+        measured overhead" holds it against the measured overhead."""
         if not self.eager_time_s:
             return None
-        p, k = getattr(self, "plain_iteration_s", None), getattr(self, "executor_iteration_s", None)
-        if p and k:
-            return (k + self.objective_s - self.eager_time_s) / p - 1.0
         return self.objective_s / self.eager_time_s - 1.0
 
 
@@ -502,8 +488,7 @@ def describe(sol: Solution) -> str:
     lines.append(peak)
     time = f"predicted iteration time {m.objective_s * 1e3:.2f} ms"
     if m.eager_time_s:
-        measured = " (calibrated by measured iterations)" if getattr(m, "plain_iteration_s", None) else ""
-        time += f", overhead {100 * m.predicted_overhead():+.2f} % over PyTorch{measured}"
+        time += f", overhead {100 * m.predicted_overhead():+.2f} % over PyTorch"
     else:
         time += ", overhead unknown (no eager time recorded)"
     lines.append(time)

@@ -22,11 +22,6 @@ def test_prediction_rows_hold_the_five_point_tolerance():
     assert abs(rows[2]["points"] - 10.0) < 1e-9 and abs(rows[2]["budget"] - 0.77) < 1e-9
     text = rt.prediction_table(res)
     assert "1 of 3 MONeT schedules" in text and "**no**" in text
-    assert "operators' seconds alone" not in text  # not recorded in these cells
-    res[0].monet["normal"].predicted_operators = 0.30
-    rows = rt.prediction_rows(res)
-    assert rows[0]["within_operators"] is False and abs(rows[0]["points_operators"] - 15.1) < 1e-9
-    assert "from the operators' seconds alone, 0 of 1" in rt.prediction_table(res)
 
 
 def test_cells_without_a_measurement_or_prediction_are_left_out():

@@ -140,9 +140,6 @@ def run(args) -> int:
     from monet.solution import describe, save_solution
     from monet.impls import mode_tokens
     from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
-    from monet.inputs import ExampleInputs
-    from monet.profiling.calibration import calibrate, measure_iterations
-    from monet.profiling.sources import measures_times
 
     with reported():
         mode_tokens(args.mode)
@@ -171,12 +168,6 @@ def run(args) -> int:
         costs = cost_arrays(graph, table)
         s["note"] = f"operators {1e3 * costs.total_time:.1f} ms per iteration"
     cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec)
-    iterations = None
-    if measures_times(args.cost, device) and amp is None:
-        with timed_step("measuring an iteration of plain PyTorch and of the executor with nothing "
-                        "recomputed (they calibrate the predicted overhead)") as s:
-            iterations = measure_iterations(model, ExampleInputs.of(x), graph, costs, device=on)
-            s["note"] = f"{1e3 * iterations.plain_s:.1f} ms and {1e3 * iterations.executor_s:.1f} ms"
     if args.cost == "analytic":
         log("note: analytic costs charge every operator an upper bound on its workspace (per op family; "
             "monet.profiling.workspace), so the predicted peak is a bound; --cost hybrid or --cost "
@@ -206,7 +197,6 @@ def run(args) -> int:
             s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
-    calibrate(sol, iterations)
     save_solution(sol, output)
     log(f"wrote {output}")
     print(describe(sol))
