@@ -19,8 +19,13 @@ trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers m
    neither is found) and ``torch.compile``'s ``activation_memory_budget``
    (`compile_with_activation_budget` in `monet.profiling.baselines`): the budget among `COMPILE_BUDGETS`
    whose measured peak is closest to MONeT normal's is timed;
-5. the section `SECTION` of ``--out`` is replaced (or appended), the rest of the file kept, after
-   every model, so an interrupted run keeps its rows.  An error is the model's row, not a crash.
+5. the section `SECTION` (or ``--section``) of ``--out`` is replaced (or appended), the rest of the
+   file kept, after every model, so an interrupted run keeps its rows.  An error is the model's
+   row, not a crash.  Below the table, every MONeT cell's predicted against measured overhead and
+   how many are within `PREDICTION_TOLERANCE` (issue 18).
+
+``--models zoo`` (or ``zoo/<name>``) runs the zoo's models at ``benchmarks/bench.py``'s CPU
+configurations; ``--no-peers`` measures MONeT only.
 
 Progress goes to stderr.  Memory is MiB (2^20 bytes); overhead is median time / median plain time - 1.
 """
