@@ -192,7 +192,7 @@ def bench_peers(model_name: str, batch: int, budgets, peers: list[str], solver: 
             try:
                 m = PEERS[name](graph, costs, budget, deadline=Deadline(time_limit), solver=solver).meta
                 row.update(objective_s=f"{m.objective_s:.4f}",
-                           overhead=f"{100 * (m.objective_s / costs.total_time - 1):+.2f} %",
+                           overhead=f"{100 * m.predicted_overhead():+.2f} %",
                            peak_over_budget=f"{m.predicted_peak_bytes / budget:.3f}",
                            solve_s=f"{time.perf_counter() - t1:.1f}", status=f"{m.status} ({m.solver})")
             except InfeasibleBudgetError as e:

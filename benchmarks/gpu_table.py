@@ -257,7 +257,7 @@ def step_solve(cfg: Config, args, log: Log) -> dict:
         m = sol.meta
         row.update(status=m.status, gap=m.gap, solve_s=time.perf_counter() - t0, file=str(file),
                    predicted_peak_bytes=int(m.predicted_peak_bytes),
-                   predicted_overhead=m.objective_s / float(zc.costs.total_time) - 1.0,
+                   predicted_overhead=m.predicted_overhead(),
                    recomputations=sol.schedule.recompute_count(), impls=len(sol.schedule.impl))
         log(f"  {label}: {m.status}, predicted peak {m.predicted_peak_bytes / MiB:.1f} MiB, predicted overhead "
             f"{row['predicted_overhead']:+.2%} in {row['solve_s']:.1f} s")

@@ -46,7 +46,7 @@ def _smallest(graph, costs, time_limit: float, bandwidth) -> tuple[int, bool]:
     return min_budget(graph, costs, "normal", time_limit=time_limit, offload_bandwidth=bandwidth)
 
 
-def _at_budget(graph, costs, budget: int, time_limit: float, bandwidth, eager_time: float) -> dict:
+def _at_budget(graph, costs, budget: int, time_limit: float, bandwidth) -> dict:
     """Predicted overhead, status and offloaded values of the schedule at ``budget`` bytes."""
     from monet.solver.ilp import InfeasibleBudgetError
     from monet.solver.solve import solve
@@ -58,7 +58,7 @@ def _at_budget(graph, costs, budget: int, time_limit: float, bandwidth, eager_ti
                     offloaded="")
     values = {v for v, _, _ in sol.schedule.offload}
     nbytes = sum(graph.values[v].nbytes for v in values)
-    return dict(overhead=sol.meta.objective_s / eager_time - 1, status=sol.meta.status,
+    return dict(overhead=sol.meta.predicted_overhead(), status=sol.meta.status,
                 offloaded=f"{len(values)} ({nbytes / GiB:.2f} GiB)" if values else "0",
                 peak=sol.meta.predicted_peak_bytes)
 
@@ -90,7 +90,7 @@ def bench_model(name: str, args) -> list[dict]:
                                   + ("" if proven else ", not proven")}
         for pct in args.budgets:
             _log(f"{name}: {what}: at {pct:g} % ...")
-            at = _at_budget(graph, costs, int(eager * pct / 100), args.time_limit, bw, costs.total_time)
+            at = _at_budget(graph, costs, int(eager * pct / 100), args.time_limit, bw)
             cell = "-" if at["overhead"] is None else f"{100 * at['overhead']:+.2f} %"
             _log(f"{name}: {what}: at {pct:g} %: {at['status']}, overhead {cell}, offloaded {at['offloaded']}")
             row[f"overhead @ {pct:g} %"] = cell if at["overhead"] is not None else at["status"]
