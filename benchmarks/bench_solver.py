@@ -96,7 +96,7 @@ def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: 
     table the rows are held against."""
     best = load_best_known() if best is None else best
     from monet.solver.ilp import InfeasibleBudgetError, plain_solve, problem_size
-    from monet.solver.solve import eager_peak, fixed_time, full_model, solve
+    from monet.solver.solve import eager_peak, fixed_time, full_model, parse_budget, solve
 
     t0 = time.perf_counter()
     graph, costs, source, cost_fn = _graph_and_costs(model_name, batch)
@@ -108,7 +108,7 @@ def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: 
          f"prepared in {time.perf_counter() - t0:.1f} s")
     rows = []
     for pct in budgets:
-        budget = int(eager * pct / 100)
+        budget = parse_budget(f"{pct:g}%", eager)
         row = dict(model=model_name, batch=batch, budget=f"{pct:g} %", formulation="fast", solver=solver.upper(),
                    variables=n_vars, constraints=n_cons, build_s=build_s, solve_s=None, objective_s=None,
                    bound_s=None, gap=None, peak_over_budget=None, status="", costs=source, _key=f"{pct:g}")
@@ -178,13 +178,13 @@ def bench_peers(model_name: str, batch: int, budgets, peers: list[str], solver: 
     the plain peak) of one configuration, in normal mode; see the module docstring."""
     from monet.solver.deadline import Deadline
     from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.solve import PEERS, eager_peak
+    from monet.solver.solve import PEERS, eager_peak, parse_budget
 
     graph, costs, source, _ = _graph_and_costs(model_name, batch)
     eager = eager_peak(graph, costs)
     rows = []
     for pct in budgets:
-        budget = int(eager * pct / 100)
+        budget = parse_budget(f"{pct:g}%", eager)
         for name in peers:
             _log(f"{model_name} at {pct} % ({budget / 2**30:.2f} GiB): peer {name}, limit {time_limit:g} s")
             t1 = time.perf_counter()

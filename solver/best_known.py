@@ -4,7 +4,7 @@ One row per zoo model, batch and budget key, for the zoo's graph and costs (`mon
 ``capture_config`` and ``zoo_costs(graph, "p100")``) in the full mode (``inplace_conv_multiway_newnode``):
 
 * ``budget`` ``"70"`` (a percent of plain PyTorch's simulated peak, ``eager_peak(graph, costs)``;
-  the budget in bytes is ``int(eager * pct / 100)``) or ``"10GB"`` (10 x 2^30 bytes): ``best`` is
+  the budget in bytes is ``parse_budget(f"{pct}%", eager)``, as ``monet solve --budget 70%``) or ``"10GB"`` (10 x 2^30 bytes): ``best`` is
   the lowest objective (predicted iteration time) any run has found there, unit ``"s"`` (seconds);
 * ``budget`` ``"min"``: ``best`` is the smallest feasible budget found, unit ``"bytes"``.
 
@@ -46,7 +46,7 @@ def load_best_known(path: Path | str = BEST_KNOWN) -> dict[tuple[str, int, str],
 
 
 def key_budget_bytes(key: str, eager_bytes: int) -> int | None:
-    """The budget in bytes of a best-known key: ``"70"`` -> ``int(eager_bytes * 70 / 100)``,
+    """The budget in bytes of a best-known key: ``"70"`` -> ``parse_budget("70%", eager_bytes)``,
     ``"10GB"`` -> 10 x 2^30; None for ``"min"`` (its row is a budget, not an objective) and for a
     key of no known form."""
     if key == "min":
@@ -58,7 +58,9 @@ def key_budget_bytes(key: str, eager_bytes: int) -> int | None:
         pct = float(key)
     except ValueError:
         return None
-    return int(eager_bytes * pct / 100)
+    from monet.solver.solve import parse_budget  # one definition of a percent budget
+
+    return parse_budget(f"{pct:g}%", eager_bytes)
 
 
 def budget_key(label: str) -> str | None:

@@ -109,9 +109,14 @@ def test_zoo_fields_hold_an_entry_against_the_best_fitting_row():
     # nothing fits (or no table): all None
     assert set(zb.best_known_fields(_record(budget_bytes=GiB), BEST, EAGER).values()) == {None}
     assert set(zb.best_known_fields(rec, {}, EAGER).values()) == {None}
-    # a "33%" entry's own row fits it even where its budget rounds a byte below the table's
-    pct = _record("33%", int(EAGER * 33 / 100) - 1, objective_s=0.69)
+    # a "33%" entry's own row fits it: both budgets are parse_budget's, byte for byte
+    from monet.solver.solve import parse_budget
+
+    pct = _record("33%", parse_budget("33%", EAGER), objective_s=0.69)
+    assert bk.key_budget_bytes("33", EAGER) == parse_budget("33%", EAGER)
     assert zb.best_known_fields(pct, BEST, EAGER)["best_known_budget"] == "33"
+    assert zb.best_known_fields({**pct, "budget_bytes": pct["budget_bytes"] - 1}, BEST, EAGER)[
+        "best_known_budget"] != "33"  # a byte less does not fit the 33 % row
 
 
 def test_record_best_writes_only_entries_that_beat_the_table(tmp_path):

@@ -254,14 +254,9 @@ def best_known_fields(rec: dict, best: dict, eager_bytes: int) -> dict:
     ``vs_best`` = objective / best known - 1 (negative: the entry beats every schedule known).  All
     None when no row fits (or ``best`` is empty: a configuration the table does not cover).
 
-    ``eager_bytes``: plain PyTorch's simulated peak (bytes), for the table's percent budgets.  A
-    percent entry's own row fits it even where ``parse_budget``'s rounding puts its budget a byte
-    below the table's ``int(eager * pct / 100)``: they are the same budget.
+    ``eager_bytes``: plain PyTorch's simulated peak (bytes), for the table's percent budgets.
     """
     budget = int(rec["budget_bytes"])
-    key = budget_key(rec["budget"])
-    if key is not None and not key.endswith("GB"):
-        budget = max(budget, int(eager_bytes * float(key) / 100))
     found = best_fitting(best, rec["model"], rec["batch_size"], budget, eager_bytes)
     if found is None:
         return dict(best_known_s=None, best_known_budget=None, vs_best=None)
