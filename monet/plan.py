@@ -278,7 +278,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     t0 = time.perf_counter()
     table = cost_table(cost, module, inputs, graph, device, gpu_spec, cache_dir)
     costs = costs_for(graph, table)
-    cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec)
+    cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec, cache_dir)
     eager = eager_peak(graph, costs)
     log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
         f"{eager / 2**20:.1f} MiB, operators {1e3 * costs.total_time:.1f} ms per iteration")

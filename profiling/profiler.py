@@ -447,7 +447,7 @@ def load_or_profile(model: nn.Module, example_input: torch.Tensor, graph: OpGrap
 
 def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: OpGraph, base: pd.DataFrame,
                    device: str = "cpu", spec=None, measure: str = "hybrid", repeats: int | None = None,
-                   warmup: int | None = None):
+                   warmup: int | None = None, between_s: float = 0.0):
     """Costs of variant graphs (``cost_fn`` of `monet.solver.choices.implementation_options`).
 
     Nodes an implementation changed are measured on ``device`` (`profile_costs` with ``only``);
@@ -457,6 +457,10 @@ def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: Op
     * ``"hybrid"``: analytic times (``spec``) scaled by the measured ratio of the implementation's
       median time to PyTorch's kernel's on the same node, and measured workspace;
     * ``"measured"`` or ``"profile"``: measured times and workspace.
+
+    ``between_s``: seconds added to each measured node's time (the time between operators that
+    ``base``'s measured rows carry, `monet.profiling.dispatch`; 0 in ``"hybrid"`` mode, whose ratio
+    scales ``base``'s time).
 
     ``repeats`` / ``warmup``: timed and discarded runs per node (default 5 / 2 for ``"profile"``,
     3 / 1 otherwise, `monet.profiling.sources.QUICK`).  Warm medians matter on the CPU: a first
@@ -494,7 +498,7 @@ def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: Op
             if key in changed:
                 r["workspace_bytes"] = int(prof.loc[key, "workspace_bytes"])
                 if measure != "hybrid":
-                    r["time_s"] = r["recompute_s"] = float(prof.loc[key, "time_s"])
+                    r["time_s"] = r["recompute_s"] = float(prof.loc[key, "time_s"]) + between_s
                 elif key in measured_base and measured_base[key] > 0:
                     ratio = float(prof.loc[key, "time_s"]) / measured_base[key]
                     r["time_s"] = r["recompute_s"] = float(base_graph_rows.loc[key, "time_s"]) * ratio

@@ -15,6 +15,10 @@
   where +63.2 % was measured; "Predicted against measured overhead" has today's figures).
 * ``profile``: times and workspace measured on the device (`monet.profiling.profiler`).
 
+Where times are measured on the CPU (``profile``, and ``hybrid`` there), each node's time also
+carries its share of the time between operators (`between_operators`, `monet.profiling.dispatch`),
+so that the predicted plain iteration is the measured one and each recomputation pays it too.
+
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
 """
 from __future__ import annotations
@@ -81,6 +85,31 @@ def quick_profile(model, inputs, graph, device: str, cache_dir=None) -> pd.DataF
     return load_or_profile(model, inputs, graph, device, cache_dir=quick_dir, progress=False, **QUICK)
 
 
+def measured_table(cost: str, model, inputs, graph, device: str, cache_dir=None) -> pd.DataFrame:
+    """The measured cost table ``cost`` starts from: the full profile (``profile``, cached under
+    ``cache_dir``) or the quick profile (``hybrid``, `quick_profile`), each operator timed alone."""
+    from monet.profiling.profiler import load_or_profile
+
+    if cost == "profile":
+        return load_or_profile(model, inputs, graph, device, cache_dir=cache_dir)
+    return quick_profile(model, inputs, graph, device, cache_dir)
+
+
+def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
+    """Seconds per node between operators (`monet.profiling.dispatch`) that ``cost`` adds to each
+    node's measured time: measured once per graph on the CPU, cached beside `measured_table`'s
+    table; 0.0 where ``cost`` does not measure times or on a GPU."""
+    from monet.profiling.dispatch import time_between_operators
+    from monet.profiling.profiler import cache_path, default_cache_dir
+
+    if not measures_times(cost, device) or torch.device(device).type != "cpu":
+        return 0.0
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = cache_path(graph, device, root / "quick-warm" if cost == "hybrid" else root)
+    table = measured_table(cost, model, inputs, graph, device, cache_dir)
+    return time_between_operators(model, inputs, graph, table, device, path.with_suffix(".between.json"))
+
+
 def with_measured_workspace(table: pd.DataFrame, model, inputs, graph, device: str,
                             cache_dir=None) -> pd.DataFrame:
     """``table`` with each operator's ``workspace_bytes`` from the quick profile (`quick_profile`)."""
@@ -102,15 +131,18 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
         ValueError: an unknown cost source or preset, or a model that does not match the graph.
     """
     from monet.profiling.costs import analytic_costs
-    from monet.profiling.profiler import load_or_profile
 
     if cost not in COST_SOURCES:
         raise ValueError(f"cost source must be one of {', '.join(COST_SOURCES)}, got {cost!r}")
-    if cost == "profile":
-        return load_or_profile(model, inputs, graph, device, cache_dir=cache_dir)
-    if measures_times(cost, device):  # hybrid on the CPU: the quick profile's times and workspace
-        table = quick_profile(model, inputs, graph, device, cache_dir).copy()
-        table["source"] = "hybrid:quick-" + table["source"].astype(str)
+    if measures_times(cost, device):  # profile; hybrid on the CPU: the quick profile's times and workspace
+        table = measured_table(cost, model, inputs, graph, device, cache_dir).copy()
+        between = between_operators(cost, model, inputs, graph, device, cache_dir)
+        if cost == "hybrid":
+            table["source"] = "hybrid:quick-" + table["source"].astype(str)
+        if between > 0:
+            table["time_s"] += between
+            table["recompute_s"] += between
+            table["source"] = table["source"].astype(str) + f"+{1e6 * between:.1f}us-between"
         return table
     table = analytic_costs(graph, device_spec(gpu_spec, device))
     if cost == "hybrid":
@@ -119,22 +151,25 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
 
 
 def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device: str,
-                    gpu_spec: str | None = None):
+                    gpu_spec: str | None = None, cache_dir=None):
     """Costs of the variant graphs of operator implementations (full mode), made the way ``cost``
     made ``table`` (`monet.profiling.profiler.hybrid_cost_fn`): measured times where ``cost``
-    measures them (`measures_times`), else analytic times scaled by the measured ratio to
-    PyTorch's kernel."""
+    measures them (`measures_times`), plus the same time between operators as ``table``'s nodes
+    (`between_operators`, ``cache_dir`` as for `cost_table`), else analytic times scaled by the
+    measured ratio to PyTorch's kernel."""
     from monet.profiling.profiler import hybrid_cost_fn
     from monet.solver.choices import analytic_cost_fn
 
     spec = device_spec(gpu_spec, device)
     if cost == "analytic":
         return analytic_cost_fn(spec, workspace_device=device)
+    between = between_operators(cost, model, inputs, graph, device, cache_dir)
     if cost == "profile":
-        return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile")
+        return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile", between_s=between)
     return hybrid_cost_fn(model, inputs, graph, table, device, spec,
-                          measure="measured" if measures_times(cost, device) else "hybrid", **QUICK)
+                          measure="measured" if measures_times(cost, device) else "hybrid", between_s=between,
+                          **QUICK)
 
 
-__all__ = ["COST_SOURCES", "QUICK", "cost_table", "device_spec", "measures_times", "quick_profile", "variant_cost_fn",
-           "with_measured_workspace"]
+__all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "measured_table",
+           "measures_times", "quick_profile", "variant_cost_fn", "with_measured_workspace"]

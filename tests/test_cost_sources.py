@@ -5,8 +5,8 @@ medians, not from the roofline, which does not rank CPU kernels (EfficientNet-B0
 full mode: +14.8 % predicted against +63.2 % measured with roofline times, BENCHMARKS.md 2026-11-25).  These tests hold:
 
 * which sources measure times where (`measures_times`);
-* that the CPU ``hybrid`` table is the quick profile (measured seconds, measured workspace) and
-  not the analytic one;
+* that the CPU ``hybrid`` table is the quick profile (measured seconds, measured workspace) plus the
+  time between operators (`monet.profiling.dispatch`), and not the analytic one;
 * that implementation variants are costed by measurement too, and an unknown ``measure`` refused;
 * that with these costs, at a budget plain PyTorch fits, full mode picks no implementation whose
   measured seconds exceed PyTorch's kernel's on the same nodes (a measured-slower choice is never
@@ -21,8 +21,8 @@ from torch import nn
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import hybrid_cost_fn
-from monet.profiling.sources import (COST_SOURCES, QUICK, cost_table, measures_times, quick_profile,
-                                     variant_cost_fn)
+from monet.profiling.sources import (COST_SOURCES, QUICK, between_operators, cost_table, measures_times,
+                                     quick_profile, variant_cost_fn)
 from monet.solver.choices import implementation_options, option_seconds
 from monet.solver.simulated import eager_peak
 from monet.solver.solve import solve
@@ -64,10 +64,14 @@ def test_cpu_hybrid_table_is_the_warm_quick_profile(setup):
     assert QUICK["warmup"] >= 1 and QUICK["repeats"] >= 3  # warm medians, not one cold run
     assert (cache / "quick-warm").is_dir()
     assert table["source"].str.startswith("hybrid:quick-profile:").all()
+    between = between_operators("hybrid", model, x, graph, "cpu", cache)
+    assert between >= 0
     key = ["kind", "node"]
     merged = table.merge(quick, on=key, suffixes=("", "_quick"))
     assert len(merged) == len(table) == len(quick)
-    assert (merged["time_s"] == merged["time_s_quick"]).all()
+    # each node: its operator's warm median plus the time between operators (monet.profiling.dispatch)
+    assert (merged["time_s"] - merged["time_s_quick"] - between).abs().max() < 1e-12
+    assert (merged["recompute_s"] - merged["recompute_s_quick"] - between).abs().max() < 1e-12
     assert (merged["workspace_bytes"] == merged["workspace_bytes_quick"]).all()
     analytic = analytic_costs(graph).merge(table, on=key, suffixes=("_roofline", ""))
     assert (analytic["time_s"] != analytic["time_s_roofline"]).any()  # not the roofline's times
@@ -95,7 +99,7 @@ def test_variant_costs_are_measured_on_cpu(setup, monkeypatch):
     real = profiler.hybrid_cost_fn
     monkeypatch.setattr(profiler, "hybrid_cost_fn", lambda *a, **k: seen.append(k.get("measure")) or real(*a, **k))
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
-    variant_cost_fn("hybrid", model, x, graph, table, "cpu")
+    variant_cost_fn("hybrid", model, x, graph, table, "cpu", cache_dir=cache)
     assert seen == ["measured"]
     monkeypatch.undo()
 
@@ -120,7 +124,7 @@ def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setu
     model, x, graph, cache = setup
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
     costs = costs_for(graph, table)
-    measured = variant_cost_fn("hybrid", model, x, graph, table, "cpu")
+    measured = variant_cost_fn("hybrid", model, x, graph, table, "cpu", cache_dir=cache)
     memo: dict = {}
 
     def cost_fn(g, keys, governed):  # one measurement per variant, shared by solver and test

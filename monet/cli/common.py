@@ -266,12 +266,12 @@ def costs_table(cost: str, model, x, graph, device: str, gpu_spec, cache_dir):
         return cost_table(cost, model, x, graph, device, gpu_spec, cache_dir)
 
 
-def cost_fn_for(cost: str, model, x, graph, table, device: str, gpu_spec):
+def cost_fn_for(cost: str, model, x, graph, table, device: str, gpu_spec, cache_dir=None):
     """Costs of the variant graphs of operator implementations, made the way --cost made ``table``."""
     from monet.profiling.sources import variant_cost_fn
 
     checked_device_spec(gpu_spec, device)
-    return variant_cost_fn(cost, model, x, graph, table, device, gpu_spec)
+    return variant_cost_fn(cost, model, x, graph, table, device, gpu_spec, cache_dir)
 
 
 def cost_arrays(graph, table):

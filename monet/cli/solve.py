@@ -167,7 +167,7 @@ def run(args) -> int:
         table = costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
         costs = cost_arrays(graph, table)
         s["note"] = f"operators {1e3 * costs.total_time:.1f} ms per iteration"
-    cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec)
+    cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec, args.cache_dir)
     if args.cost == "analytic":
         log("note: analytic costs charge every operator an upper bound on its workspace (per op family; "
             "monet.profiling.workspace), so the predicted peak is a bound; --cost hybrid or --cost "

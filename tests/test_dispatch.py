@@ -1,0 +1,125 @@
+"""The time between operators (`monet.profiling.dispatch`, issue 18: a predicted overhead that holds).
+
+Per-operator times miss what an iteration spends between operators (Python, the dispatcher,
+autograd), and every recomputed operator pays it again.  These tests hold the arithmetic, that
+measuring leaves the user's model as it was, the cache, and that the CPU ``hybrid`` costs carry the
+term on every node, the implementation variants' included, so that the predicted plain iteration
+is the measured one.
+"""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from monet.capture import capture
+from monet.profiling.costs import costs_for, make_table
+from monet.profiling.dispatch import between_operators_s, plain_iteration_s, time_between_operators
+from monet.profiling.profiler import hybrid_cost_fn
+from monet.profiling.sources import between_operators, cost_table, quick_profile
+from monet.solver.choices import implementation_options, option_seconds
+
+FULL = "inplace_conv_multiway_newnode"
+
+
+def _row(kind, node, time_s, impl="default"):
+    return dict(kind=kind, node=node, op="aten.relu.default", impl=impl, time_s=time_s, recompute_s=time_s,
+                workspace_bytes=0, flops=0, bytes_moved=0, source="test")
+
+
+def test_between_operators_arithmetic():
+    table = make_table([_row("fwd", 0, 1.0), _row("fwd", 1, 2.0), _row("bwd", 0, 3.0), _row("bwd", 1, 4.0),
+                        _row("fwd", 0, 50.0, impl="variant")])  # a variant row is not part of the iteration
+    assert between_operators_s(14.0, table) == pytest.approx(1.0)  # (14 - 10) / 4
+    assert between_operators_s(10.0, table) == 0.0
+    assert between_operators_s(5.0, table) == 0.0  # never negative
+    assert between_operators_s(1.0, make_table([])) == 0.0
+
+
+def bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.5),
+                         nn.Flatten(), nn.Linear(8 * 8 * 8, 4)).train()
+
+
+def test_measuring_leaves_the_model_as_it_was():
+    model = bn_net()
+    x = torch.randn(2, 3, 8, 8)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    seconds = plain_iteration_s(model, x, repeats=2, warmup=1)
+    assert seconds > 0
+    after = model.state_dict()
+    for k, v in before.items():  # batch-norm statistics and the step counter restored
+        assert torch.equal(after[k], v), k
+    assert all(torch.equal(p.grad, torch.full_like(p, 7.0)) for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)  # dropout drew from a forked generator
+    with pytest.raises(ValueError, match="repeats"):
+        plain_iteration_s(model, x, repeats=0)
+
+
+def test_cached_once_per_graph_and_refused_when_corrupt(tmp_path):
+    model = bn_net()
+    x = torch.randn(2, 3, 8, 8)
+    graph = capture(model, x)
+    table = quick_profile(model, x, graph, "cpu", tmp_path)
+    path = tmp_path / "between.json"
+    value = time_between_operators(model, x, graph, table, "cpu", path)
+    record = json.loads(path.read_text())
+    assert record["between_operators_s"] == value
+    assert value == pytest.approx(between_operators_s(record["plain_iteration_s"], table))
+
+    class Refuses(nn.Module):  # a second call must not run the model again
+        def forward(self, *a):
+            raise AssertionError("the cached value was not used")
+
+    assert time_between_operators(Refuses(), x, graph, table, "cpu", path) == value
+    assert time_between_operators(Refuses(), x, graph, table, "cuda") == 0.0  # the CPU's work overlaps a GPU's
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="between.json.*delete it"):
+        time_between_operators(model, x, graph, table, "cpu", path)
+
+
+def test_cpu_hybrid_costs_predict_the_measured_plain_iteration(tmp_path):
+    """With the term on every node, the predicted plain iteration (the costs' total time) is the
+    measured plain iteration, whenever that is longer than the operators' sum."""
+    model = bn_net()
+    x = torch.randn(2, 3, 8, 8)
+    graph = capture(model, x)
+    quick = quick_profile(model, x, graph, "cpu", tmp_path)
+    between = between_operators("hybrid", model, x, graph, "cpu", tmp_path)
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "quick-warm").glob("*.between.json")]
+    table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path)
+    total = costs_for(graph, table).total_time
+    if between > 0:
+        assert total == pytest.approx(record["plain_iteration_s"], rel=1e-9)
+        assert table["source"].str.endswith("us-between").all()
+    else:
+        assert record["plain_iteration_s"] <= quick["time_s"].sum()
+        assert total == pytest.approx(quick["time_s"].sum(), rel=1e-9)
+    assert between_operators("analytic", model, x, graph, "cpu", tmp_path) == 0.0
+    assert between_operators("hybrid", model, x, graph, "cuda", tmp_path) == 0.0
+
+
+def test_variants_carry_the_same_time_between_operators(tmp_path):
+    """A variant's node is still a node: its measured seconds carry the term, so an implementation
+    does not look ``between_s`` cheaper than PyTorch's kernel for being measured alone."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 3, 8, 8)
+    graph = capture(model, x)
+    base = quick_profile(model, x, graph, "cpu", tmp_path)
+    costs = costs_for(graph, base)
+    seconds = {}
+    for between in (0.0, 1.0):
+        fn = hybrid_cost_fn(model, x, graph, base, "cpu", measure="measured", between_s=between, repeats=1, warmup=0)
+        options = [o for o in implementation_options(graph, costs, FULL, "cpu", fn) if o.impl != "default"]
+        assert options, "the net has implementation choices in full mode"
+        seconds[between] = pd.Series({(o.key, o.impl): option_seconds(o) for o in options})
+    # every variant moves at least one node to a measured row, which now costs one second more
+    assert (seconds[1.0] - seconds[0.0] >= 0.9).all()
