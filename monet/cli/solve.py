@@ -109,7 +109,9 @@ def add_arguments(p) -> None:
                         "a few percent higher and a predicted peak that is a bound; hybrid: workspace from a "
                         "quick profile of every operator on --device (median of 3 warm runs, cached), "
                         "times from it on the CPU and from the roofline on a GPU; "
-                        "profile: times and workspace measured on --device (cached)")
+                        "profile: times and workspace measured on --device (cached). Measured CPU times "
+                        "also carry each node's share of the time between operators (a plain iteration "
+                        "minus the operators' sum, measured once per graph)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
                    help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
