@@ -320,7 +320,8 @@ def prediction_table(results: list[Result]) -> str:
         "### Predicted against measured overhead", "",
         f"{n_in} of {len(rows)} MONeT schedules above have a predicted overhead within "
         f"{100 * PREDICTION_TOLERANCE:.0f} points of the measured one (*points*: |predicted - measured| in "
-        "percentage points; the costs are `hybrid`, on the CPU the quick profile's warm medians).", "",
+        "percentage points; the costs are `hybrid`: on the CPU each operator's median time in an iteration's "
+        "sequence, plus its share of the time between operators).", "",
         md_table(["model", "mode", "budget", "predicted", "measured", "points", "within 5 points"], body,
                  "llrrrrl"), ""])
 

@@ -8,7 +8,8 @@
   weight reorders of its last stage's convolutions) and a predicted peak that is a bound rather
   than within 2 % of the measured one.
 * ``hybrid``: each operator's workspace (bytes) from a quick profile on the device (`QUICK`: the
-  median of 3 runs after 1 warm-up; cached apart from full profiles, under ``<cache>/quick-warm``), so
+  median of 3 runs after 1 warm-up; on the CPU each run is an iteration's sequence of operators,
+  `monet.profiling.profiler.ContextTimer`; cached apart from full profiles, `quick_dir`), so
   the budget holds at the allocator.  Times: on a GPU the roofline's (analytic); on the CPU the
   quick profile's, since the roofline does not rank CPU kernels (BENCHMARKS.md's real-model table
   of 2026-11-25 07:56, with roofline times: EfficientNet-B0, batch 16, full mode, predicted +14.8 %
@@ -75,14 +76,30 @@ def gpu_spec_for_hybrid(device: str, fallback: str = "h100") -> str | None:
     return None
 
 
-def quick_profile(model, inputs, graph, device: str, cache_dir=None) -> pd.DataFrame:
-    """The quick profile of ``graph`` on ``device`` (`QUICK` runs per operator: seconds and
-    workspace bytes), cached apart from full profiles (``<cache>/quick-warm``), so that it never stands
-    in for a ``--cost profile`` measurement."""
-    from monet.profiling.profiler import default_cache_dir, load_or_profile
+def in_context(device: str) -> bool:
+    """Whether the quick profile times operators in the sequence of an iteration
+    (`monet.profiling.profiler.ContextTimer`): on the CPU, whose times it supplies."""
+    return torch.device(device).type == "cpu"
 
-    quick_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "quick-warm"
-    return load_or_profile(model, inputs, graph, device, cache_dir=quick_dir, progress=False, **QUICK)
+
+def quick_dir(device: str, cache_dir=None) -> Path:
+    """Where quick profiles are cached, apart from full profiles so that one never stands in for a
+    ``--cost profile`` measurement: ``<cache>/quick-context`` on the CPU (times in an iteration's
+    sequence), ``<cache>/quick-warm`` elsewhere."""
+    from monet.profiling.profiler import default_cache_dir
+
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / ("quick-context" if in_context(device) else "quick-warm")
+
+
+def quick_profile(model, inputs, graph, device: str, cache_dir=None) -> pd.DataFrame:
+    """The quick profile of ``graph`` on ``device`` (seconds and workspace bytes per operator:
+    `QUICK` runs, each operator's timed in an iteration's sequence where `in_context`), cached
+    under `quick_dir`."""
+    from monet.profiling.profiler import load_or_profile
+
+    return load_or_profile(model, inputs, graph, device, cache_dir=quick_dir(device, cache_dir), progress=False,
+                           in_context=in_context(device), **QUICK)
 
 
 def measured_table(cost: str, model, inputs, graph, device: str, cache_dir=None) -> pd.DataFrame:
@@ -104,8 +121,8 @@ def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=No
 
     if not measures_times(cost, device) or torch.device(device).type != "cpu":
         return 0.0
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = cache_path(graph, device, root / "quick-warm" if cost == "hybrid" else root)
+    directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
+    path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
     return time_between_operators(model, inputs, graph, table, device, path.with_suffix(".between.json"))
 
@@ -166,10 +183,10 @@ def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device
     between = between_operators(cost, model, inputs, graph, device, cache_dir)
     if cost == "profile":
         return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile", between_s=between)
-    return hybrid_cost_fn(model, inputs, graph, table, device, spec,
-                          measure="measured" if measures_times(cost, device) else "hybrid", between_s=between,
-                          **QUICK)
+    measured = measures_times(cost, device)
+    return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="measured" if measured else "hybrid",
+                          between_s=between, in_context=measured and in_context(device), **QUICK)
 
 
-__all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "measured_table",
-           "measures_times", "quick_profile", "variant_cost_fn", "with_measured_workspace"]
+__all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "in_context",
+           "measured_table", "measures_times", "quick_dir", "quick_profile", "variant_cost_fn", "with_measured_workspace"]

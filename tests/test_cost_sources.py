@@ -22,7 +22,7 @@ from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import hybrid_cost_fn
 from monet.profiling.sources import (COST_SOURCES, QUICK, between_operators, cost_table, measures_times,
-                                     quick_profile, variant_cost_fn)
+                                     quick_dir, quick_profile, variant_cost_fn)
 from monet.solver.choices import implementation_options, option_seconds
 from monet.solver.simulated import eager_peak
 from monet.solver.solve import solve
@@ -62,7 +62,7 @@ def test_cpu_hybrid_table_is_the_warm_quick_profile(setup):
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
     quick = quick_profile(model, x, graph, "cpu", cache)
     assert QUICK["warmup"] >= 1 and QUICK["repeats"] >= 3  # warm medians, not one cold run
-    assert (cache / "quick-warm").is_dir()
+    assert quick_dir("cpu", cache).is_dir() and quick_dir("cpu", cache).name == "quick-context"
     assert table["source"].str.startswith("hybrid:quick-profile:").all()
     between = between_operators("hybrid", model, x, graph, "cpu", cache)
     assert between >= 0

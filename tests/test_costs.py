@@ -321,6 +321,36 @@ def test_default_cache_dir_is_in_home(tiny):
 
 
 @pytest.mark.cuda
+def test_profile_costs_in_context(tiny, tiny_profile):
+    """Timed in an iteration's sequence (the CPU quick profile's way): every node has a finite
+    positive time, the same workspace as when timed in a loop, and ``only`` still measures a subset."""
+    model, x, graph = tiny
+    table = profile_costs(model, x, graph, "cpu", repeats=3, warmup=1, progress=False, in_context=True)
+    check_table(table, graph)
+    assert np.isfinite(table["time_s"]).all() and (table["time_s"] > 0).all()
+    assert (table["recompute_s"] == table["time_s"]).all()
+    loop = tiny_profile.set_index(["kind", "node"])["workspace_bytes"]
+    assert (table.set_index(["kind", "node"])["workspace_bytes"] == loop).all()
+    some = {("fwd", graph.fwd[0].id), ("bwd", graph.bwd[-1].id)}
+    part = profile_costs(model, x, graph, "cpu", repeats=1, warmup=0, progress=False, only=some, in_context=True)
+    assert set(zip(part["kind"], part["node"])) == some and (part["time_s"] > 0).all()
+
+
+def test_in_context_timer_times_each_node_once_per_iteration(tiny):
+    """`ContextTimer` runs the joint graph once and records one call per measured node."""
+    from monet.profiling.profiler import ContextTimer
+
+    model, x, graph = tiny
+    main = {n.name: n for n in list(graph.fwd) + list(graph.bwd)}
+    times: dict = {}
+    args = joint_inputs(model, x, graph, "cpu")
+    with torch.no_grad():
+        for _ in range(2):
+            ContextTimer(graph, torch.device("cpu"), main, times).run(*args, enable_io_processing=False)
+    assert set(times) == keys(graph)
+    assert all(len(v) == 2 and min(v) > 0 for v in times.values())
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_profile_costs_cuda(tiny):
     model, x, graph = tiny

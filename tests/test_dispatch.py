@@ -19,7 +19,7 @@ from monet.capture import capture
 from monet.profiling.costs import costs_for, make_table
 from monet.profiling.dispatch import between_operators_s, plain_iteration_s, time_between_operators
 from monet.profiling.profiler import hybrid_cost_fn
-from monet.profiling.sources import between_operators, cost_table, quick_profile
+from monet.profiling.sources import between_operators, cost_table, quick_dir, quick_profile
 from monet.solver.choices import implementation_options, option_seconds
 
 FULL = "inplace_conv_multiway_newnode"
@@ -93,7 +93,7 @@ def test_cpu_hybrid_costs_predict_the_measured_plain_iteration(tmp_path):
     graph = capture(model, x)
     quick = quick_profile(model, x, graph, "cpu", tmp_path)
     between = between_operators("hybrid", model, x, graph, "cpu", tmp_path)
-    [record] = [json.loads(p.read_text()) for p in (tmp_path / "quick-warm").glob("*.between.json")]
+    [record] = [json.loads(p.read_text()) for p in quick_dir("cpu", tmp_path).glob("*.between.json")]
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path)
     total = costs_for(graph, table).total_time
     if between > 0:
