@@ -257,8 +257,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         ValueError: a malformed cost source, or ``loss_fn`` without ``target``.
     """
     from monet.capture import capture
-    from monet.profiling.costs import costs_for
-    from monet.profiling.sources import cost_table, variant_cost_fn
+    from monet.profiling.sources import solver_costs, variant_cost_fn
     from monet.solver.solve import eager_peak
 
     log = _log if progress else (lambda _m: None)
@@ -276,8 +275,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     graph = capture(module, inputs, autocast_dtype=autocast_dtype)
     log(f"captured in {time.perf_counter() - t0:.1f} s: {graph.describe()}")
     t0 = time.perf_counter()
-    table = cost_table(cost, module, inputs, graph, device, gpu_spec, cache_dir)
-    costs = costs_for(graph, table)
+    table, costs = solver_costs(cost, module, inputs, graph, device, gpu_spec, cache_dir)
     cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec, cache_dir)
     eager = eager_peak(graph, costs)
     log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "

@@ -365,6 +365,9 @@ class CostArrays:
         bwd_workspace: (T,) int64 bytes of temporaries of backward node t.
         impl: the implementation these are for.
         source: the table's ``source`` values, e.g. ``("analytic",)``.
+        plain_time_s: a measured plain-PyTorch iteration (seconds), the reference of the predicted
+            overhead, where it differs from the nodes' sum (on the CPU the nodes carry the
+            executor's own time, `monet.profiling.dispatch`); None: the nodes' sum.
     """
 
     fwd_time: np.ndarray
@@ -374,11 +377,19 @@ class CostArrays:
     bwd_workspace: np.ndarray
     impl: str = DEFAULT_IMPL
     source: tuple[str, ...] = ()
+    plain_time_s: float | None = None
 
     @property
     def total_time(self) -> float:
-        """Seconds of one plain training step (forward + backward, no recomputation)."""
+        """Seconds of one training step of the schedule that keeps everything (forward + backward,
+        no recomputation): the nodes' sum."""
         return float(self.fwd_time.sum() + self.bwd_time.sum())
+
+    @property
+    def plain_time(self) -> float:
+        """Seconds of one plain-PyTorch training step: ``plain_time_s`` where measured, else
+        `total_time`.  The reference of a schedule's predicted overhead."""
+        return self.total_time if self.plain_time_s is None else float(self.plain_time_s)
 
 
 def _rows_for(nodes: list[Node], table: pd.DataFrame, kind: str, impl: str, where: str) -> pd.DataFrame:
@@ -403,7 +414,7 @@ def _rows_for(nodes: list[Node], table: pd.DataFrame, kind: str, impl: str, wher
 
 
 def costs_for(graph: OpGraph, table: pd.DataFrame, impl: str = DEFAULT_IMPL,
-              where: str = "cost table") -> CostArrays:
+              where: str = "cost table", plain_time_s: float | None = None) -> CostArrays:
     """The solver's arrays for ``graph`` from a cost table, for implementation ``impl``.
 
     Args:
@@ -411,6 +422,7 @@ def costs_for(graph: OpGraph, table: pd.DataFrame, impl: str = DEFAULT_IMPL,
         table: a cost table (validated here).
         impl: which implementation's rows to use.
         where: name for the table in error messages (e.g. its file).
+        plain_time_s: `CostArrays.plain_time_s` (seconds, or None).
 
     Returns:
         `CostArrays` in node-id order.
@@ -431,4 +443,5 @@ def costs_for(graph: OpGraph, table: pd.DataFrame, impl: str = DEFAULT_IMPL,
         bwd_workspace=b["workspace_bytes"].to_numpy(dtype=np.int64),
         impl=impl,
         source=tuple(sorted(set(f["source"]) | set(b["source"]))),
+        plain_time_s=None if plain_time_s is None else float(plain_time_s),
     )

@@ -17,8 +17,9 @@
 * ``profile``: times and workspace measured on the device (`monet.profiling.profiler`).
 
 Where times are measured on the CPU (``profile``, and ``hybrid`` there), each node's time also
-carries its share of the time between operators (`between_operators`, `monet.profiling.dispatch`),
-so that the predicted plain iteration is the measured one and each recomputation pays it too.
+carries its share of the executor's time between operators (`between_operators`,
+`monet.profiling.dispatch`), so that recomputations pay it too, and the predicted overhead is taken
+against plain PyTorch's measured iteration (`plain_iteration`).
 
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
 """
@@ -112,19 +113,34 @@ def measured_table(cost: str, model, inputs, graph, device: str, cache_dir=None)
     return quick_profile(model, inputs, graph, device, cache_dir)
 
 
-def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
-    """Seconds per node between operators (`monet.profiling.dispatch`) that ``cost`` adds to each
-    node's measured time: measured once per graph on the CPU, cached beside `measured_table`'s
-    table; 0.0 where ``cost`` does not measure times or on a GPU."""
-    from monet.profiling.dispatch import time_between_operators
+def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> dict | None:
+    """The measured iterations of ``graph`` that ``cost``'s CPU times are completed with
+    (`monet.profiling.dispatch.iteration_record`: the time between operators, the executor's and
+    plain PyTorch's iteration, seconds), measured once per graph and cached beside
+    `measured_table`'s table; None where ``cost`` does not measure times, or on a GPU."""
+    from monet.profiling.dispatch import iteration_record
     from monet.profiling.profiler import cache_path, default_cache_dir
 
     if not measures_times(cost, device) or torch.device(device).type != "cpu":
-        return 0.0
+        return None
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    return time_between_operators(model, inputs, graph, table, device, path.with_suffix(".between.json"))
+    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.json"))
+
+
+def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
+    """Seconds per node between operators that ``cost`` adds to each node's measured time
+    (`iterations`; 0.0 where there is none)."""
+    record = iterations(cost, model, inputs, graph, device, cache_dir)
+    return 0.0 if record is None else record["between_operators_s"]
+
+
+def plain_iteration(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float | None:
+    """Plain PyTorch's measured iteration (seconds, `iterations`), the reference of the predicted
+    overhead (`monet.profiling.costs.CostArrays.plain_time_s`); None where there is none."""
+    record = iterations(cost, model, inputs, graph, device, cache_dir)
+    return None if record is None else record["plain_iteration_s"]
 
 
 def with_measured_workspace(table: pd.DataFrame, model, inputs, graph, device: str,
@@ -167,6 +183,21 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
     return with_workspace_bound(table, graph, device)
 
 
+def solver_costs(cost: str, model, inputs, graph, device: str, gpu_spec: str | None = None,
+                 cache_dir=None) -> tuple[pd.DataFrame, "CostArrays"]:
+    """``(cost table, the solver's CostArrays)`` of ``graph`` for ``cost``: `cost_table`, and its
+    arrays with plain PyTorch's measured iteration as the overhead's reference where there is
+    one (`plain_iteration`).
+
+    Raises:
+        ValueError: as `cost_table`.
+    """
+    from monet.profiling.costs import costs_for
+
+    table = cost_table(cost, model, inputs, graph, device, gpu_spec, cache_dir)
+    return table, costs_for(graph, table, plain_time_s=plain_iteration(cost, model, inputs, graph, device, cache_dir))
+
+
 def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device: str,
                     gpu_spec: str | None = None, cache_dir=None):
     """Costs of the variant graphs of operator implementations (full mode), made the way ``cost``
@@ -188,5 +219,5 @@ def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device
                           between_s=between, in_context=measured and in_context(device), **QUICK)
 
 
-__all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "in_context",
-           "measured_table", "measures_times", "quick_dir", "quick_profile", "variant_cost_fn", "with_measured_workspace"]
+__all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "in_context", "iterations",
+           "measured_table", "measures_times", "plain_iteration", "quick_dir", "quick_profile", "solver_costs", "variant_cost_fn", "with_measured_workspace"]

@@ -44,7 +44,7 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
     eager = eager_peak(graph, costs) if eager is None else eager
-    eager_time = costs.total_time if eager_time is None else eager_time
+    eager_time = costs.plain_time if eager_time is None else eager_time
     shape = graph.input_shape
     meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", shape[0] if shape else 0),
                         input_shape=info.get("input_shape", shape[1:]), dtype=info.get("dtype", graph.input_dtype),

@@ -258,12 +258,13 @@ def checked_device_spec(gpu_spec: str | None, device: str):
 
 
 def costs_table(cost: str, model, x, graph, device: str, gpu_spec, cache_dir):
-    """The cost table for --cost analytic, hybrid or profile (`monet.profiling.sources`)."""
-    from monet.profiling.sources import cost_table
+    """``(cost table, CostArrays)`` for --cost analytic, hybrid or profile
+    (`monet.profiling.sources.solver_costs`)."""
+    from monet.profiling.sources import solver_costs
 
     checked_device_spec(gpu_spec, device)  # an unknown preset is a CLI error before any measurement
     with reported():
-        return cost_table(cost, model, x, graph, device, gpu_spec, cache_dir)
+        return solver_costs(cost, model, x, graph, device, gpu_spec, cache_dir)
 
 
 def cost_fn_for(cost: str, model, x, graph, table, device: str, gpu_spec, cache_dir=None):
@@ -272,14 +273,6 @@ def cost_fn_for(cost: str, model, x, graph, table, device: str, gpu_spec, cache_
 
     checked_device_spec(gpu_spec, device)
     return variant_cost_fn(cost, model, x, graph, table, device, gpu_spec, cache_dir)
-
-
-def cost_arrays(graph, table):
-    """`monet.profiling.costs.costs_for`: the solver's cost arrays of ``table``."""
-    from monet.profiling.costs import costs_for
-
-    with reported():
-        return costs_for(graph, table)
 
 
 def profile_table(model, x, graph, device: str, cache_dir, **kw):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from monet.solver import DEFAULT_GAP
 from monet.cli.common import (CLIError, add_model_args, autocast_dtype, build_and_capture, check_inputs_spec,
-                              cost_arrays, cost_fn_for, costs_table, fmt_size, log, parse_budget_arg, parse_shape,
+                              cost_fn_for, costs_table, fmt_size, log, parse_budget_arg, parse_shape,
                               print_json, reported, resolve_device, solution_fields, timed_step)
 
 
@@ -166,8 +166,7 @@ def run(args) -> int:
     model, x, graph = build_and_capture(args.model, args.batch_size, shape, on, spec, amp,
                                         building=f"building {args.model}")
     with timed_step(f"costing ({args.cost})") as s:
-        table = costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
-        costs = cost_arrays(graph, table)
+        table, costs = costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
         s["note"] = f"operators {1e3 * costs.total_time:.1f} ms per iteration"
     cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec, args.cache_dir)
     if args.cost == "analytic":
