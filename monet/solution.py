@@ -145,8 +145,9 @@ class SolutionMeta:
             what differs.
         n_fwd, n_bwd: numbers of forward and backward nodes.
         created: creation time, ISO 8601 (defaults to now, UTC).
-        eager_time_s: predicted time of one plain-PyTorch iteration, in seconds (None if unknown);
-            with it `describe` reports the predicted overhead.
+        eager_time_s: time of one plain-PyTorch iteration, in seconds (None if unknown): measured
+            where the CPU costs measure it (`monet.profiling.costs.CostArrays.plain_time`), else the
+            costs' sum; with it `describe` reports the predicted overhead.
         autocast: the autocast setting the graph was captured under: None (full precision) or
             ``(device_type, dtype)``, e.g. ``("cpu", "bfloat16")`` (`monet.mixed_precision`).  It
             is the last line of ``graph_summary`` (so part of the fingerprint) and is read from
@@ -213,8 +214,8 @@ class SolutionMeta:
 
     def predicted_overhead(self) -> float | None:
         """The schedule's predicted iteration time over plain PyTorch's, minus 1 (0.1 = +10 %):
-        objective_s / eager_time_s - 1, both sums of the cost table's seconds; None without an
-        ``eager_time_s``.  On the CPU, with measured costs, BENCHMARKS.md "Predicted against
+        objective_s / eager_time_s - 1 (the objective a sum of the cost table's seconds, the plain
+        iteration measured on the CPU, `eager_time_s`); None without an ``eager_time_s``.  On the CPU, with measured costs, BENCHMARKS.md "Predicted against
         measured overhead" holds it against the measured overhead."""
         if not self.eager_time_s:
             return None

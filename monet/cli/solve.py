@@ -110,8 +110,9 @@ def add_arguments(p) -> None:
                         "quick profile of every operator on --device (median of 3 warm runs, cached), "
                         "times from it on the CPU and from the roofline on a GPU; "
                         "profile: times and workspace measured on --device (cached). Measured CPU times "
-                        "also carry each node's share of the time between operators (a plain iteration "
-                        "minus the operators' sum, measured once per graph)")
+                        "also carry each node's share of the executor's time between operators, and the "
+                        "predicted overhead is against plain PyTorch's measured iteration (both timed once "
+                        "per graph, cached)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
                    help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
