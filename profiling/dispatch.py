@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
+from monet import mixed_precision
 from monet.graph import OpGraph
 
 #: iterations of each side: discarded (the executor's first traces the model), then timed
@@ -58,8 +59,8 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
                        repeats: int | None = None, warmup: int = WARMUP) -> tuple[float, float]:
     """Median seconds of one training iteration of MONeT's executor keeping everything (``K``)
     and of plain PyTorch (``P``), interleaved (`monet.profiling.check.interleaved_medians`), on
-    the CPU: forward, `monet.profiling.check.loss_of` of the output, backward (`check.training_step`).
-    ``model`` is left as it was (`restored`).
+    the CPU: forward, `monet.profiling.check.loss_of` of the output, backward (`check.training_step`),
+    under the autocast setting ``graph`` was captured with.  ``model`` is left as it was (`restored`).
 
     Args:
         model: the module ``graph`` was captured from (a ``WithLoss`` when a loss function was given).
@@ -88,7 +89,7 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     keep = solve_checkpoint_all(graph, costs_for(graph, table), 2**62, deadline=Deadline(0),
                                 info=input_info(inputs, None))
     executor = MONeTWrapper(model, keep)
-    with restored(model):
+    with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
         for _ in range(warmup):
             training_step(executor, inputs)
         if repeats is None:
