@@ -105,7 +105,8 @@ def quick_profile(model, inputs, graph, device: str, cache_dir=None) -> pd.DataF
 
 def measured_table(cost: str, model, inputs, graph, device: str, cache_dir=None) -> pd.DataFrame:
     """The measured cost table ``cost`` starts from: the full profile (``profile``, cached under
-    ``cache_dir``) or the quick profile (``hybrid``, `quick_profile`), each operator timed alone."""
+    ``cache_dir``, each operator timed in a loop of its own) or the quick profile (``hybrid``,
+    `quick_profile`: on the CPU each operator timed in an iteration's sequence)."""
     from monet.profiling.profiler import load_or_profile
 
     if cost == "profile":
