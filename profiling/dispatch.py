@@ -56,21 +56,26 @@ def restored(model: nn.Module):
 
 
 def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame,
-                       repeats: int | None = None, warmup: int = WARMUP) -> tuple[float, float]:
-    """Median seconds of one training iteration of MONeT's executor keeping everything (``K``)
-    and of plain PyTorch (``P``), interleaved (`monet.profiling.check.interleaved_medians`), on
-    the CPU: forward, `monet.profiling.check.loss_of` of the output, backward (`check.training_step`),
-    under the autocast setting ``graph`` was captured with.  ``model`` is left as it was (`restored`).
+                       repeats: int | None = None, warmup: int = WARMUP) -> dict:
+    """Median seconds of training iterations on the CPU: MONeT's executor keeping everything
+    (``K``) interleaved with plain PyTorch (``P``), then Chen's sqrt(n) schedule (``M``,
+    `monet.solver.chen`) interleaved with the executor keeping everything again (``K2``).  An
+    iteration is forward, `monet.profiling.check.loss_of` of the output, backward
+    (`check.training_step`), under the autocast setting ``graph`` was captured with.  ``model`` is
+    left as it was (`restored`).
 
     Args:
         model: the module ``graph`` was captured from (a ``WithLoss`` when a loss function was given).
         inputs: an `monet.inputs.ExampleInputs` (or what `ExampleInputs.of` takes).
-        graph, table: the captured graph and its cost table (for the keep-everything schedule).
+        graph, table: the captured graph and its cost table (the schedules' recomputation is
+            costed from it).
         repeats: timed iterations per side (>= 1; None: from `REPEATS` to `MAX_REPEATS`, about
             `TARGET_S` seconds per side); warmup: discarded ones before them (>= 0).
 
     Returns:
-        ``(K, P)`` in seconds.
+        ``executor_iteration_s`` (K), ``plain_iteration_s`` (P), ``chen_iteration_s`` (M),
+        ``chen_executor_s`` (K2), seconds; ``chen_recompute_s``: the table's seconds of Chen's
+        recomputations; ``chen_recomputations``: their number.
 
     Raises:
         ValueError: bad ``repeats`` / ``warmup``.
@@ -80,24 +85,55 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     from monet.profiling.check import interleaved_medians, training_step
     from monet.profiling.costs import costs_for
     from monet.solver.checkpoint_all import solve_checkpoint_all
+    from monet.solver.chen import solve_chen
     from monet.solver.deadline import Deadline
     from monet.wrapper import MONeTWrapper
 
     if (repeats is not None and repeats < 1) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     inputs = ExampleInputs.of(inputs)
-    keep = solve_checkpoint_all(graph, costs_for(graph, table), 2**62, deadline=Deadline(0),
-                                info=input_info(inputs, None))
-    executor = MONeTWrapper(model, keep)
+    costs = costs_for(graph, table)
+    info = input_info(inputs, None)
+    keep = MONeTWrapper(model, solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info))
+    chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
+    chen = MONeTWrapper(model, chen_solution)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
         for _ in range(warmup):
-            training_step(executor, inputs)
+            training_step(keep, inputs)
+            training_step(chen, inputs)
         if repeats is None:
             t0 = time.perf_counter()
             training_step(model, inputs)
             repeats = max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(time.perf_counter() - t0, 1e-6))))
-        return interleaved_medians(lambda: training_step(executor, inputs), lambda: training_step(model, inputs),
+        k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
                                    repeats, 1, "cpu")
+        m, k2 = interleaved_medians(lambda: training_step(chen, inputs), lambda: training_step(keep, inputs),
+                                    repeats, 1, "cpu")
+    return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
+                chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,
+                chen_recomputations=chen_solution.schedule.recompute_count())
+
+
+def recompute_factor(measured: dict, between_s: float) -> float:
+    """Measured over predicted recomputation on Chen's schedule: ``(M - K2) / (R + r * between_s)``
+    (`measure_iterations`' fields; ``r`` its recomputations), clipped to [`FACTOR_MIN`,
+    `FACTOR_MAX`]; 1.0 where the predicted recomputation is under `FACTOR_FLOOR` of ``K2``, too
+    little to measure.
+
+    On the CPU a recomputed value is still in cache when the backward pass reads it, so the
+    backward pass runs faster than with stored values (MobileNetV2, batch 8, 96x96: 70-78 ms at a
+    50 % schedule against 93.5 ms keeping everything), which per-operator costs do not see; the
+    factor charges recomputation what it measurably adds.  Scratch runs (stop 25 note) found 0.74-0.98.
+    """
+    predicted = measured["chen_recompute_s"] + measured["chen_recomputations"] * between_s
+    if predicted < FACTOR_FLOOR * measured["chen_executor_s"]:
+        return 1.0
+    factor = (measured["chen_iteration_s"] - measured["chen_executor_s"]) / predicted
+    return float(min(FACTOR_MAX, max(FACTOR_MIN, factor)))
+
+
+#: the recompute factor's clip and the smallest predicted recomputation it is measured from
+FACTOR_MIN, FACTOR_MAX, FACTOR_FLOOR = 0.5, 1.5, 0.05
 
 
 def between_operators_s(executor_s: float, table: pd.DataFrame) -> float:
@@ -114,7 +150,8 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
     """The time between operators of ``graph`` on the CPU, cached as JSON at ``cache_path`` when
     given, so that one graph gets the same costs in every solve: ``between_operators_s``
     (`between_operators_s` of the measured executor iteration), ``executor_iteration_s`` (K),
-    ``plain_iteration_s`` (P) and ``operators_s`` (T), all seconds.
+    ``plain_iteration_s`` (P) and ``operators_s`` (T), all seconds, and ``recompute_factor``
+    (`recompute_factor`, dimensionless).
 
     Returns None on a GPU (see the module docstring), or when an iteration runs out of host memory
     (then a warning says so, and only the operators' times count).
@@ -132,16 +169,18 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
             raise ValueError(f"{cache_path}: not a time-between-operators cache ({type(e).__name__}: {e}); "
                              "delete it to measure again") from None
     try:
-        executor, plain = measure_iterations(model, inputs, graph, table)
+        measured = measure_iterations(model, inputs, graph, table)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "allocate" not in str(e):
             raise
         warnings.warn(f"a training iteration ran out of memory ({e}); the costs count the operators' own "
                       "times only, and the predicted overhead may be low", stacklevel=2)
         return None
-    record = dict(between_operators_s=between_operators_s(executor, table), executor_iteration_s=executor,
-                  plain_iteration_s=plain,
-                  operators_s=float(table.loc[table["impl"] == "default", "time_s"].sum()))
+    between = between_operators_s(measured["executor_iteration_s"], table)
+    record = dict(between_operators_s=between, executor_iteration_s=measured["executor_iteration_s"],
+                  plain_iteration_s=measured["plain_iteration_s"],
+                  operators_s=float(table.loc[table["impl"] == "default", "time_s"].sum()),
+                  recompute_factor=recompute_factor(measured, between))
     if cache_path is not None:
         Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
         Path(cache_path).write_text(json.dumps(record))
@@ -149,7 +188,8 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
 
 
 #: the keys of `iteration_record`
-FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "operators_s")
+FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "operators_s", "recompute_factor")
 
-__all__ = ["FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP", "between_operators_s", "iteration_record", "measure_iterations",
+__all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
+           "recompute_factor", "between_operators_s", "iteration_record", "measure_iterations",
            "restored"]

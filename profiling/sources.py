@@ -137,6 +137,13 @@ def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=No
     return 0.0 if record is None else record["between_operators_s"]
 
 
+def recompute_factor(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
+    """The factor on ``cost``'s CPU recompute seconds (`iterations`,
+    `monet.profiling.dispatch.recompute_factor`; 1.0 where there is none)."""
+    record = iterations(cost, model, inputs, graph, device, cache_dir)
+    return 1.0 if record is None else record["recompute_factor"]
+
+
 def plain_iteration(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float | None:
     """Plain PyTorch's measured iteration (seconds, `iterations`), the reference of the predicted
     overhead (`monet.profiling.costs.CostArrays.plain_time_s`); None where there is none."""
@@ -170,13 +177,14 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
         raise ValueError(f"cost source must be one of {', '.join(COST_SOURCES)}, got {cost!r}")
     if measures_times(cost, device):  # profile; hybrid on the CPU: the quick profile's times and workspace
         table = measured_table(cost, model, inputs, graph, device, cache_dir).copy()
-        between = between_operators(cost, model, inputs, graph, device, cache_dir)
+        record = iterations(cost, model, inputs, graph, device, cache_dir) or {}
+        between, factor = record.get("between_operators_s", 0.0), record.get("recompute_factor", 1.0)
         if cost == "hybrid":
             table["source"] = "hybrid:quick-" + table["source"].astype(str)
-        if between > 0:
+        if between > 0 or factor != 1.0:
             table["time_s"] += between
-            table["recompute_s"] += between
-            table["source"] = table["source"].astype(str) + f"+{1e6 * between:.1f}us-between"
+            table["recompute_s"] = factor * (table["recompute_s"] + between)
+            table["source"] = table["source"].astype(str) + f"+{1e6 * between:.1f}us-between-x{factor:.2f}"
         return table
     table = analytic_costs(graph, device_spec(gpu_spec, device))
     if cost == "hybrid":
@@ -213,12 +221,16 @@ def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device
     if cost == "analytic":
         return analytic_cost_fn(spec, workspace_device=device)
     between = between_operators(cost, model, inputs, graph, device, cache_dir)
+    factor = recompute_factor(cost, model, inputs, graph, device, cache_dir)
     if cost == "profile":
-        return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile", between_s=between)
+        return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile", between_s=between,
+                              recompute_factor=factor)
     measured = measures_times(cost, device)
     return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="measured" if measured else "hybrid",
-                          between_s=between, in_context=measured and in_context(device), **QUICK)
+                          between_s=between, recompute_factor=factor, in_context=measured and in_context(device),
+                          **QUICK)
 
 
 __all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "in_context", "iterations",
-           "measured_table", "measures_times", "plain_iteration", "quick_dir", "quick_profile", "solver_costs", "variant_cost_fn", "with_measured_workspace"]
+           "measured_table", "measures_times", "plain_iteration", "quick_dir", "quick_profile", "recompute_factor",
+           "solver_costs", "variant_cost_fn", "with_measured_workspace"]

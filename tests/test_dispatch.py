@@ -18,7 +18,8 @@ from torch import nn
 
 from monet.capture import capture
 from monet.profiling.costs import costs_for, make_table
-from monet.profiling.dispatch import FIELDS, between_operators_s, iteration_record, measure_iterations
+from monet.profiling.dispatch import (FACTOR_FLOOR, FACTOR_MAX, FACTOR_MIN, FIELDS, between_operators_s,
+                                      iteration_record, measure_iterations, recompute_factor)
 from monet.profiling.profiler import hybrid_cost_fn
 from monet.profiling.sources import (between_operators, cost_table, iterations, plain_iteration, quick_dir,
                                      quick_profile, solver_costs)
@@ -41,6 +42,15 @@ def test_between_operators_arithmetic():
     assert between_operators_s(1.0, make_table([])) == 0.0
 
 
+def test_recompute_factor_arithmetic():
+    m = dict(chen_iteration_s=1.8, chen_executor_s=1.0, chen_recompute_s=0.9, chen_recomputations=10)
+    assert recompute_factor(m, 0.01) == pytest.approx(0.8)  # (1.8 - 1.0) / (0.9 + 10 * 0.01)
+    assert recompute_factor({**m, "chen_iteration_s": 1.1}, 0.01) == FACTOR_MIN  # clipped
+    assert recompute_factor({**m, "chen_iteration_s": 9.0}, 0.01) == FACTOR_MAX
+    too_little = {**m, "chen_recompute_s": FACTOR_FLOOR / 2, "chen_recomputations": 0}
+    assert recompute_factor(too_little, 0.0) == 1.0  # too little recomputation to measure a factor
+
+
 def bn_net() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.5),
@@ -55,8 +65,10 @@ def test_measuring_leaves_the_model_as_it_was():
         p.grad = torch.full_like(p, 7.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    executor, plain = measure_iterations(model, x, graph, analytic_table(graph), repeats=2, warmup=1)
-    assert executor > 0 and plain > 0
+    measured = measure_iterations(model, x, graph, analytic_table(graph), repeats=2, warmup=1)
+    assert all(measured[k] > 0 for k in ("executor_iteration_s", "plain_iteration_s", "chen_iteration_s",
+                                         "chen_executor_s"))
+    assert measured["chen_recomputations"] > 0 and measured["chen_recompute_s"] > 0
     after = model.state_dict()
     for k, v in before.items():  # batch-norm statistics and the step counter restored
         assert torch.equal(after[k], v), k
@@ -110,10 +122,13 @@ def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     assert table.equals(cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path))
     if between > 0:
         assert costs.total_time == pytest.approx(record["executor_iteration_s"], rel=1e-9)
-        assert table["source"].str.endswith("us-between").all()
+        assert table["source"].str.contains("us-between-x").all()
     else:
         assert record["executor_iteration_s"] <= quick["time_s"].sum()
         assert costs.total_time == pytest.approx(quick["time_s"].sum(), rel=1e-9)
+    merged = table.merge(quick, on=["kind", "node"], suffixes=("", "_quick"))
+    expected = record["recompute_factor"] * (merged["recompute_s_quick"] + between)
+    assert (merged["recompute_s"] - expected).abs().max() < 1e-12
     assert costs.plain_time_s == record["plain_iteration_s"] == plain_iteration("hybrid", model, x, graph, "cpu", tmp_path)
     assert costs.plain_time == costs.plain_time_s
     assert between_operators("analytic", model, x, graph, "cpu", tmp_path) == 0.0
