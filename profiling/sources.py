@@ -127,7 +127,8 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.json"))
+    # ".v2": the records before the recompute factor lack it, and are measured again
+    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v2.json"))
 
 
 def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:

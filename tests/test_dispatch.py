@@ -117,7 +117,7 @@ def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     quick = quick_profile(model, x, graph, "cpu", tmp_path)
     between = between_operators("hybrid", model, x, graph, "cpu", tmp_path)
     record = iterations("hybrid", model, x, graph, "cpu", tmp_path)
-    assert list(quick_dir("cpu", tmp_path).glob("*.iterations.json"))
+    assert list(quick_dir("cpu", tmp_path).glob("*.iterations.v2.json"))
     table, costs = solver_costs("hybrid", model, x, graph, "cpu", cache_dir=tmp_path)
     assert table.equals(cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path))
     if between > 0:
