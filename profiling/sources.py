@@ -18,8 +18,9 @@
 
 Where times are measured on the CPU (``profile``, and ``hybrid`` there), each node's time also
 carries its share of the executor's time between operators (`between_operators`,
-`monet.profiling.dispatch`), so that recomputations pay it too, and the predicted overhead is taken
-against plain PyTorch's measured iteration (`plain_iteration`).
+`monet.profiling.dispatch`), so that recomputations pay it too, recompute seconds are scaled by a
+factor measured on Chen's schedule (`recompute_factor`), and the predicted overhead is taken against
+plain PyTorch's measured iteration (`plain_iteration`).
 
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
 """
