@@ -100,14 +100,25 @@ def zoo_names() -> list[str]:
     return [ZOO + n for n in bench.CONFIGS]
 
 
+def token_cross_entropy(logits, target):
+    """Next-token cross-entropy of a language model: ``logits`` (batch, tokens, vocabulary) against
+    ``target`` (batch, tokens) token ids, mean over every token."""
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+
 def build(name: str, batch: int):
-    """``(model, inputs, target)`` as `reach_models.build`, also for ``zoo/<name>``: the zoo model
-    at `bench.CONFIGS`' CPU configuration (a classifier trained with cross-entropy against random
-    classes; the UNet and GPT-2 small with the mean square of their output, `check.loss_of`)."""
+    """``(model, inputs, target, loss_fn)`` as `reach_models.build` (``loss_fn`` F.cross_entropy
+    where there is a target), also for ``zoo/<name>``: the zoo model at `bench.CONFIGS`' CPU
+    configuration, trained with its task's loss inside the captured graph: a classifier with
+    cross-entropy against random classes, the UNet with per-pixel cross-entropy against random
+    class maps, GPT-2 small with next-token cross-entropy (`token_cross_entropy`) against random
+    tokens.  A loss left outside the graph is outside the budget too: the mean square of GPT-2
+    small's logits (4 MiB) took 10 MiB more than its schedule's budget of 34 MiB."""
     import reach_models as rm
 
     if not name.startswith(ZOO):
-        return rm.build(name, batch)
+        model, x, target = rm.build(name, batch)
+        return model, x, target, (F.cross_entropy if target is not None else None)
     from monet.zoo.models import MODELS, example_input, get_model
 
     zoo = name[len(ZOO):]
@@ -116,10 +127,12 @@ def build(name: str, batch: int):
     model = get_model(zoo, **cfg.kwargs).train()
     vocab = getattr(model, "vocab_size", None) if MODELS[zoo].input_kind == "tokens" else None
     x = example_input(zoo, batch, cfg.input_shape, vocab_size=vocab)
+    if vocab is not None:
+        return model, x, torch.randint(0, vocab, x.shape), token_cross_entropy
+    if zoo == "unet":
+        return model, x, torch.randint(0, model.n_classes, (batch, *x.shape[2:])), F.cross_entropy
     heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if MODELS[zoo].input_kind == "image" and zoo != "unet" and heads:
-        return model, x, torch.randint(0, heads[-1].out_features, (batch,))
-    return model, x, None
+    return model, x, torch.randint(0, heads[-1].out_features, (batch,)), F.cross_entropy
 
 
 class Bench:
@@ -129,8 +142,8 @@ class Bench:
         from monet.plan import WithLoss
 
         self.name, self.log = name, log
-        self.model, raw_inputs, self.target = build(name, batch)
-        self.with_loss = (lambda m: WithLoss(m, F.cross_entropy)) if self.target is not None else (lambda m: m)
+        self.model, raw_inputs, self.target, self.loss_fn = build(name, batch)
+        self.with_loss = (lambda m: WithLoss(m, self.loss_fn)) if self.target is not None else (lambda m: m)
         self.raw_inputs = raw_inputs
         self.plain = self.fresh()
 
@@ -156,7 +169,7 @@ def bench_model(res: Result, args, log, save) -> None:
     from monet.solver.solve import min_budget
 
     b = Bench(res.model, res.batch, log)
-    kw = dict(loss_fn=F.cross_entropy, target=b.target) if b.target is not None else {}
+    kw = dict(loss_fn=b.loss_fn, target=b.target) if b.target is not None else {}
     plan = prepare(copy.deepcopy(b.model), b.raw_inputs, cost="hybrid", progress=False, cache_dir=args.cache_dir, **kw)
     inputs = plan.inputs
     res.plain_sim = plan.eager_peak_bytes
@@ -339,8 +352,8 @@ def section(results: list[Result], command: str, started: str, elapsed: float, f
         "The tiny models of `tests/reach_models.py` (64x64 images, 32x32 for the ViTs, 16 tokens) at the batch "
         "of the *batch* column (`reach_models.TABLE_BATCH` unless `--batch` is given: activations, not "
         "parameters, make most of the plain peak there); *zoo/<name>*: the zoo model at `benchmarks/bench.py`'s "
-        "CPU configuration (classifiers trained with cross-entropy, the UNet and GPT-2 small with the mean square "
-        "of their output). "
+        "CPU configuration, trained with its task's loss inside the graph (cross-entropy: per image for the "
+        "classifiers, per pixel for the UNet, per token for GPT-2 small). "
         "*plain*: measured peak of one training iteration (allocator level, `step_peak`) and, in brackets, "
         "the simulated one that budgets are fractions of. *smallest*: `min_budget` in normal and full mode "
         "as a fraction of the simulated plain peak (*not proven*: the solver's time limit ended the search). "

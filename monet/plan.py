@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -247,6 +248,31 @@ class Plan:
         return MONeTWrapper(self.module if model is None else model, solution)
 
 
+#: outputs' gradients (bytes) from this fraction of plain PyTorch's simulated peak up make
+#: `loss_outside_note` speak: a loss computed from them outside the graph is outside the budget
+LOSS_OUTSIDE_FRACTION = 0.02
+#: what `prepare` (and so `optimize`) suggests in its warning
+LOSS_OUTSIDE_REMEDY = ("pass loss_fn= and target= to trace the loss with the model, or take its bytes out of "
+                       "the budget with reserved_bytes=")
+
+
+def loss_outside_note(graph, eager_peak_bytes: int, remedy: str = LOSS_OUTSIDE_REMEDY) -> str | None:
+    """A note when ``graph``'s outputs hold no scalar loss and their gradients
+    (``graph.tangent_bytes``) are at least `LOSS_OUTSIDE_FRACTION` of ``eager_peak_bytes``, else
+    None.  The budget covers the captured graph, its outputs and their gradients, not what the
+    caller computes from the outputs, and a language model's loss on its logits takes several
+    times their bytes: GPT-2 small at width 128 with 4096 tokens, batch 2 x 128 (4 MiB of logits),
+    measured 10 MiB over its schedule's 34 MiB budget with the mean square of the logits computed
+    outside, and under it with the cross-entropy traced in (BENCHMARKS.md, "Zoo models on the
+    CPU").  ``remedy``: the sentence that says what to do."""
+    if graph.loss_output or graph.tangent_bytes < LOSS_OUTSIDE_FRACTION * eager_peak_bytes:
+        return None
+    return (f"the model's outputs ({graph.tangent_bytes / 2**20:.1f} MiB, "
+            f"{graph.tangent_bytes / eager_peak_bytes:.0%} of plain PyTorch's simulated peak) hold no scalar "
+            "loss: the loss computed from them runs outside the schedule and its temporaries (often 2-3x the "
+            f"outputs' bytes) are not in the budget; {remedy}")
+
+
 def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost: str = "hybrid",
             device: str | None = None, gpu_spec: str | None = None, autocast_dtype: torch.dtype | None = None,
             cache_dir=None, progress: bool = True) -> Plan:
@@ -280,7 +306,10 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     eager = eager_peak(graph, costs)
     log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
         f"{eager / 2**20:.1f} MiB, operators {1e3 * costs.total_time:.1f} ms per iteration")
+    note = loss_outside_note(graph, eager)
+    if note:
+        warnings.warn(note, stacklevel=2)
     return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress)
 
 
-__all__ = ["optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]
+__all__ = ["LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -3,6 +3,7 @@ optimizer's state and accumulated gradients counted in the budget, refusals of b
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -112,3 +113,36 @@ def test_bad_arguments_are_refused(plan, batch):
         monet.optimize(UserNet(), x, loss_fn=F.cross_entropy, progress=False)
     with pytest.raises(ValueError, match="mode"):
         monet.optimize(UserNet(), x, mode="fastest", progress=False)
+
+
+class _WideHead(torch.nn.Module):
+    """A language-model-like output: a small body and a wide head, so the outputs are a large part
+    of the peak (as logits over a vocabulary are)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU())
+        self.head = torch.nn.Linear(64, 2048)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_a_loss_outside_the_graph_is_named_and_traced_in_it_holds_the_budget(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 32), torch.randint(0, 2048, (64,))
+    model = _WideHead()
+    with pytest.warns(UserWarning, match="hold no scalar loss.*loss_fn= and target="):
+        outside = prepare(copy.deepcopy(model), x, cost="analytic", progress=False, cache_dir=tmp_path)
+    # what the warning says: the caller's loss on the outputs is not in the budget
+    sol = outside.solve("100%", time_limit=5)
+    wrapped = outside.wrap(sol, copy.deepcopy(model))
+    with_ce = lambda out: F.cross_entropy(out, y)  # noqa: E731
+    assert chk.step_peak(wrapped, outside.inputs, with_ce) > sol.meta.budget_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # traced with the model: no warning, and the budget holds
+        inside = prepare(copy.deepcopy(model), x, loss_fn=F.cross_entropy, target=y, cost="analytic",
+                         progress=False, cache_dir=tmp_path)
+    sol = inside.solve("100%", time_limit=5)
+    wrapped = inside.wrap(sol, WithLoss(copy.deepcopy(model), F.cross_entropy))
+    assert chk.step_peak(wrapped, inside.inputs) <= sol.meta.budget_bytes

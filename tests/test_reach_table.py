@@ -2,6 +2,8 @@
 predicted overhead within 5 points of the measured one on the CPU)."""
 from __future__ import annotations
 
+import torch
+
 import reach_table as rt
 
 
@@ -33,8 +35,22 @@ def test_cells_without_a_measurement_or_prediction_are_left_out():
 
 def test_zoo_models_are_named_and_built_at_the_bench_configurations():
     assert rt.zoo_names() == [rt.ZOO + n for n in rt.bench.CONFIGS]
-    model, x, target = rt.build("zoo/vgg16", 2)
+    model, x, target, loss_fn = rt.build("zoo/vgg16", 2)
     assert tuple(x.shape) == (2, *rt.bench.CONFIGS["vgg16"].input_shape) and target.shape == (2,)
     assert int(target.max()) < model(x).shape[1]  # classes the head has
-    _, _, none = rt.build("zoo/unet", 1)
-    assert none is None  # trained with the mean square of its output
+    assert loss_fn(model(x), target).dim() == 0
+
+
+def test_zoo_unet_and_gpt2_train_with_their_loss_in_the_graph():
+    # per-pixel classes for the UNet, next tokens for GPT-2 small: a scalar loss from the model's
+    # output, so that the loss's temporaries are captured with the model and inside the budget
+    model, x, target, loss_fn = rt.build("zoo/unet", 1)
+    out = model(x)
+    assert target.shape == (1, *x.shape[2:]) and int(target.max()) < out.shape[1]
+    assert loss_fn(out, target).dim() == 0
+    model, x, target, loss_fn = rt.build("zoo/gpt2-small", 2)
+    logits = model(x)
+    assert target.shape == x.shape and int(target.max()) < logits.shape[-1]
+    loss = loss_fn(logits, target)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    assert loss.dim() == 0 and torch.equal(loss, expected)

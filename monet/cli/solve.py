@@ -143,6 +143,7 @@ def run(args) -> int:
     from monet.solution import describe, save_solution
     from monet.impls import mode_tokens
     from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
+    from monet.plan import loss_outside_note
 
     with reported():
         mode_tokens(args.mode)
@@ -176,6 +177,11 @@ def run(args) -> int:
             "profile measure the workspace and give a lower smallest budget")
     eager = eager_peak(graph, costs)
     log(f"plain PyTorch's simulated peak: {fmt_size(eager)} ({eager} bytes)")
+    note = loss_outside_note(graph, eager, remedy=(
+        "leave room for it below the GPU's memory, or trace the loss with the model from Python "
+        "(monet.optimize(..., loss_fn=, target=))"))
+    if note:
+        log(f"note: {note}")
     info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
     try:
         if args.min_budget:
