@@ -84,7 +84,6 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     from monet.models import input_info
     from monet.profiling.check import interleaved_medians, training_step
     from monet.profiling.costs import costs_for
-    from monet.solver.checkpoint_all import solve_checkpoint_all
     from monet.solver.chen import solve_chen
     from monet.solver.deadline import Deadline
     from monet.wrapper import MONeTWrapper
@@ -94,17 +93,11 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     inputs = ExampleInputs.of(inputs)
     costs = costs_for(graph, table)
     info = input_info(inputs, None)
-    keep = MONeTWrapper(model, solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info))
+    keep = keep_all(model, inputs, graph, table)
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
     chen = MONeTWrapper(model, chen_solution)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
-        for _ in range(warmup):
-            training_step(keep, inputs)
-            training_step(chen, inputs)
-        if repeats is None:
-            t0 = time.perf_counter()
-            training_step(model, inputs)
-            repeats = max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(time.perf_counter() - t0, 1e-6))))
+        repeats = _warm_up((keep, chen), model, inputs, repeats, warmup)
         k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
                                    repeats, 1, "cpu")
         m, k2 = interleaved_medians(lambda: training_step(chen, inputs), lambda: training_step(keep, inputs),
@@ -112,6 +105,62 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
                 chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,
                 chen_recomputations=chen_solution.schedule.recompute_count())
+
+
+def _warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:
+    """Run ``warmup`` training iterations of each of ``modules`` (the executor's first traces the
+    model); return ``repeats``, or where None the timed iterations per side that take about
+    `TARGET_S` seconds of ``reference``'s iteration (from `REPEATS` to `MAX_REPEATS`)."""
+    from monet.profiling.check import training_step
+
+    for _ in range(warmup):
+        for m in modules:
+            training_step(m, inputs)
+    if repeats is not None:
+        return repeats
+    t0 = time.perf_counter()
+    training_step(reference, inputs)
+    return max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(time.perf_counter() - t0, 1e-6))))
+
+
+def keep_all(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame) -> nn.Module:
+    """``model`` wrapped by MONeT's executor with the schedule that keeps everything on ``graph``
+    (`monet.solver.checkpoint_all`), with ``graph``'s operator implementations (``graph.impls``:
+    a variant graph of `monet.impls.variant` runs its implementations)."""
+    from monet.inputs import ExampleInputs
+    from monet.models import input_info
+    from monet.profiling.costs import costs_for
+    from monet.solver.checkpoint_all import solve_checkpoint_all
+    from monet.solver.deadline import Deadline
+    from monet.wrapper import MONeTWrapper
+
+    info = input_info(ExampleInputs.of(inputs), None)
+    return MONeTWrapper(model, solve_checkpoint_all(graph, costs_for(graph, table), 2**62, deadline=Deadline(0),
+                                                    info=info))
+
+
+def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame, variant_graph: OpGraph,
+                    variant_table: pd.DataFrame, repeats: int | None = None, warmup: int = WARMUP
+                    ) -> tuple[float, float]:
+    """Median seconds of a training iteration of MONeT's executor keeping everything, with the
+    implementations of ``variant_graph`` and with ``graph``'s (PyTorch's), interleaved on the CPU:
+    ``(variant, base)``.  ``table`` / ``variant_table``: their cost tables; ``repeats`` and
+    ``warmup`` as in `measure_iterations`.  ``model`` is left as it was (`restored`).
+
+    Raises:
+        ValueError: bad ``repeats`` / ``warmup``.
+    """
+    from monet.inputs import ExampleInputs
+    from monet.profiling.check import interleaved_medians, training_step
+
+    if (repeats is not None and repeats < 1) or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    inputs = ExampleInputs.of(inputs)
+    variant, base = keep_all(model, inputs, variant_graph, variant_table), keep_all(model, inputs, graph, table)
+    with restored(model), mixed_precision.context(graph.autocast):
+        repeats = _warm_up((variant, base), base, inputs, repeats, warmup)
+        return interleaved_medians(lambda: training_step(variant, inputs), lambda: training_step(base, inputs),
+                                   repeats, 0, "cpu")
 
 
 def recompute_factor(measured: dict, between_s: float) -> float:
@@ -191,5 +240,5 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
 FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "operators_s", "recompute_factor")
 
 __all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
-           "recompute_factor", "between_operators_s", "iteration_record", "measure_iterations",
-           "restored"]
+           "recompute_factor", "between_operators_s", "iteration_record", "keep_all", "measure_iterations",
+           "measure_variant", "restored"]

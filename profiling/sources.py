@@ -20,7 +20,9 @@ Where times are measured on the CPU (``profile``, and ``hybrid`` there), each no
 carries its share of the executor's time between operators (`between_operators`,
 `monet.profiling.dispatch`), so that recomputations pay it too, recompute seconds are scaled by a
 factor measured on Chen's schedule (`recompute_factor`), and the predicted overhead is taken against
-plain PyTorch's measured iteration (`plain_iteration`).
+plain PyTorch's measured iteration (`plain_iteration`).  On the CPU the variants of full mode are
+calibrated on a whole measured iteration each (`variant_cost_fn`,
+`monet.profiling.profiler.calibrated_rows`).
 
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
 """
@@ -224,13 +226,15 @@ def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device
         return analytic_cost_fn(spec, workspace_device=device)
     between = between_operators(cost, model, inputs, graph, device, cache_dir)
     factor = recompute_factor(cost, model, inputs, graph, device, cache_dir)
+    # on the CPU, where times are measured, each variant's whole iteration is measured too
+    calibrate = measures_times(cost, device) and torch.device(device).type == "cpu"
     if cost == "profile":
         return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile", between_s=between,
-                              recompute_factor=factor)
+                              recompute_factor=factor, calibrate=calibrate)
     measured = measures_times(cost, device)
     return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="measured" if measured else "hybrid",
                           between_s=between, recompute_factor=factor, in_context=measured and in_context(device),
-                          **QUICK)
+                          calibrate=calibrate, **QUICK)
 
 
 __all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "in_context", "iterations",

@@ -89,20 +89,30 @@ def _variant_seconds(model, x, graph, table, spec, measure) -> float:
     return sum(option_seconds(o) for o in chosen)
 
 
-def test_variant_costs_are_measured_on_cpu(setup, monkeypatch):
-    """CPU hybrid variants are measured: their seconds do not follow the roofline's device, where
-    the ratio mode's (a GPU's hybrid) scale with it."""
+def _hybrid_cost_fn_calls(setup, monkeypatch, argument: str, sources) -> list:
+    """``argument`` of each `hybrid_cost_fn` call that `variant_cost_fn` makes for ``sources`` on
+    the CPU (the patch is undone after)."""
     from monet.profiling import profiler
-    from monet.profiling.costs import DeviceSpec
 
     model, x, graph, cache = setup
     seen = []
     real = profiler.hybrid_cost_fn
-    monkeypatch.setattr(profiler, "hybrid_cost_fn", lambda *a, **k: seen.append(k.get("measure")) or real(*a, **k))
+    monkeypatch.setattr(profiler, "hybrid_cost_fn", lambda *a, **k: seen.append(k.get(argument)) or real(*a, **k))
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
-    variant_cost_fn("hybrid", model, x, graph, table, "cpu", cache_dir=cache)
-    assert seen == ["measured"]
+    for source in sources:
+        variant_cost_fn(source, model, x, graph, table, "cpu", cache_dir=cache)
     monkeypatch.undo()
+    return seen
+
+
+def test_variant_costs_are_measured_on_cpu(setup, monkeypatch):
+    """CPU hybrid variants are measured: their seconds do not follow the roofline's device, where
+    the ratio mode's (a GPU's hybrid) scale with it."""
+    from monet.profiling.costs import DeviceSpec
+
+    model, x, graph, cache = setup
+    assert _hybrid_cost_fn_calls(setup, monkeypatch, "measure", ("hybrid",)) == ["measured"]
+    table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
 
     # two roofline devices 1000x apart (the fixed cost per op too)
     slow = DeviceSpec("slow", flops_per_s=1e9, bytes_per_s=1e9, launch_s=1e-3)
@@ -147,3 +157,58 @@ def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setu
             f"{key}: full mode picked {impl} ({by_key[key][impl]:.3g} s) over PyTorch's kernel "
             f"({by_key[key]['default']:.3g} s) at the plain peak")
     assert sol.meta.objective_s <= costs.total_time * (1 + 1e-9)
+
+
+def _rows():
+    return [dict(kind="fwd", node=0, time_s=1.0, recompute_s=1.0, source="m"),
+            dict(kind="fwd", node=1, time_s=2.0, recompute_s=2.0, source="m"),
+            dict(kind="bwd", node=0, time_s=3.0, recompute_s=0.0, source="m")]
+
+
+def test_a_variant_measured_slower_than_its_nodes_predict_is_charged_the_excess():
+    import pandas as pd
+
+    from monet.profiling.profiler import calibrated_rows
+
+    base = pd.DataFrame(dict(time_s=[1.0, 1.5, 3.0]))  # the variant's nodes predict +0.5 s
+    changed = {("fwd", 1), ("bwd", 0)}
+    # measured +2.5 s: 2 s more than predicted, 1 s to each changed node
+    out = calibrated_rows(_rows(), changed, base, variant_s=12.5, base_s=10.0, recompute_factor=0.5)
+    assert [r["time_s"] for r in out] == [1.0, 3.0, 4.0]
+    assert [r["recompute_s"] for r in out] == [1.0, 2.5, 0.0]  # forward only, times the factor
+    assert [r["source"] for r in out] == ["m", "m+calibrated", "m+calibrated"]
+    # measured faster than predicted: nothing is credited
+    assert calibrated_rows(_rows(), changed, base, variant_s=10.1, base_s=10.0) == _rows()
+
+
+def test_cpu_variant_costs_are_calibrated_on_a_whole_iteration(setup, monkeypatch):
+    """On the CPU each variant's whole iteration is measured (`measure_variant`); an excess over
+    its nodes' prediction raises the seconds of the nodes it changed by that excess."""
+    from monet.profiling import dispatch
+
+    model, x, graph, cache = setup
+    # hybrid on the CPU calibrates; analytic measures nothing
+    assert _hybrid_cost_fn_calls(setup, monkeypatch, "calibrate", ("hybrid", "analytic")) == [True]
+    table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
+
+    costs = costs_for(graph, table)
+    calls = []
+
+    def variant_s(excess):
+        def fake(model_, inputs, g, base_table, vg, vt):
+            calls.append(vg)
+            predicted = float(vt["time_s"].sum()) - float(base_table["time_s"].sum())
+            return 1.0 + predicted + excess, 1.0
+        return fake
+
+    seconds = {}
+    for excess in (0.0, 0.5):
+        monkeypatch.setattr(dispatch, "measure_variant", variant_s(excess))
+        fn = hybrid_cost_fn(model, x, graph, table, "cpu", measure="measured", calibrate=True)
+        options = implementation_options(graph, costs, FULL, "cpu", fn)
+        impls = {o.impl for o in options if o.impl != "default"}
+        seconds[excess] = {i: sum(option_seconds(o) for o in options if o.impl == i) for i in impls}
+    assert calls, "every variant's iteration is measured"
+    for impl in seconds[0.0]:  # each variant's changed nodes carry the whole 0.5 s between them
+        extra = seconds[0.5][impl] - seconds[0.0][impl]
+        assert abs(extra - 0.5) < 0.05, (impl, extra)  # up to the noise of two measured profiles (ms)
