@@ -24,6 +24,17 @@ def test_prediction_rows_hold_the_five_point_tolerance():
     assert abs(rows[2]["points"] - 10.0) < 1e-9 and abs(rows[2]["budget"] - 0.77) < 1e-9
     text = rt.prediction_table(res)
     assert "1 of 3 MONeT schedules" in text and "**no**" in text
+    assert rows[0]["spread"] is None and "measured twice" not in text
+
+
+def test_the_second_measurement_gives_the_spread_and_the_resolution():
+    res = [_result("a", 0.5, normal=(0.10, 0.12), full=(0.10, 0.30)), _result("b", 0.5, normal=(0.1, 0.1))]
+    for m, again in zip([res[0].monet["normal"], res[0].monet["full"], res[1].monet["normal"]], (0.13, 0.26, 0.1)):
+        m.again = again
+    rows = rt.prediction_rows(res)
+    assert [round(d["spread"], 6) for d in rows] == [1.0, 4.0, 0.0]
+    assert [d["within"] for d in rows] == [True, False, True]  # judged on the first measurement
+    assert "differed by 1.0 points (median; at most 4.0)" in rt.prediction_table(res)
 
 
 def test_cells_without_a_measurement_or_prediction_are_left_out():
