@@ -140,12 +140,14 @@ def keep_all(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame) -> n
 
 
 def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame, variant_graph: OpGraph,
-                    variant_table: pd.DataFrame, repeats: int | None = None, warmup: int = WARMUP
-                    ) -> tuple[float, float]:
+                    variant_table: pd.DataFrame, repeats: int | None = None, warmup: int = WARMUP,
+                    base: nn.Module | None = None) -> tuple[float, float]:
     """Median seconds of a training iteration of MONeT's executor keeping everything, with the
     implementations of ``variant_graph`` and with ``graph``'s (PyTorch's), interleaved on the CPU:
     ``(variant, base)``.  ``table`` / ``variant_table``: their cost tables; ``repeats`` and
-    ``warmup`` as in `measure_iterations`.  ``model`` is left as it was (`restored`).
+    ``warmup`` as in `measure_iterations`; ``base``: ``keep_all(model, inputs, graph, table)``
+    made before (one for every variant of a graph: each trace of the model takes seconds).
+    ``model`` is left as it was (`restored`).
 
     Raises:
         ValueError: bad ``repeats`` / ``warmup``.
@@ -156,7 +158,8 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
     if (repeats is not None and repeats < 1) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     inputs = ExampleInputs.of(inputs)
-    variant, base = keep_all(model, inputs, variant_graph, variant_table), keep_all(model, inputs, graph, table)
+    variant = keep_all(model, inputs, variant_graph, variant_table)
+    base = keep_all(model, inputs, graph, table) if base is None else base
     with restored(model), mixed_precision.context(graph.autocast):
         repeats = _warm_up((variant, base), base, inputs, repeats, warmup)
         return interleaved_medians(lambda: training_step(variant, inputs), lambda: training_step(base, inputs),

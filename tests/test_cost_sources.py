@@ -195,7 +195,8 @@ def test_cpu_variant_costs_are_calibrated_on_a_whole_iteration(setup, monkeypatc
     calls = []
 
     def variant_s(excess):
-        def fake(model_, inputs, g, base_table, vg, vt):
+        def fake(model_, inputs, g, base_table, vg, vt, base=None):
+            assert base is not None  # one executor for every variant
             calls.append(vg)
             predicted = float(vt["time_s"].sum()) - float(base_table["time_s"].sum())
             return 1.0 + predicted + excess, 1.0
