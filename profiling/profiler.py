@@ -493,7 +493,7 @@ def load_or_profile(model: nn.Module, example_input: torch.Tensor, graph: OpGrap
 def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: OpGraph, base: pd.DataFrame,
                    device: str = "cpu", spec=None, measure: str = "hybrid", repeats: int | None = None,
                    warmup: int | None = None, between_s: float = 0.0, recompute_factor: float = 1.0,
-                   in_context: bool = False, calibrate: bool = False):
+                   in_context: bool = False, calibrate: bool = False, time_scale: float = 1.0):
     """Costs of variant graphs (``cost_fn`` of `monet.solver.choices.implementation_options`).
 
     Nodes an implementation changed are measured on ``device`` (`profile_costs` with ``only``);
@@ -507,6 +507,9 @@ def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: Op
     ``between_s``: seconds added to each measured node's time (the time between operators that
     ``base``'s measured rows carry, `monet.profiling.dispatch`; 0 in ``"hybrid"`` mode, whose ratio
     scales ``base``'s time).
+
+    ``time_scale``: the factor on those nodes' measured seconds (as ``base``'s measured rows carry
+    it, `monet.profiling.dispatch.operator_scale`), before ``between_s`` is added.
 
     ``recompute_factor``: the factor on those nodes' recompute seconds (as ``base``'s measured rows
     carry it, `monet.profiling.dispatch.recompute_factor`).
@@ -559,7 +562,7 @@ def hybrid_cost_fn(model: nn.Module, example_input: torch.Tensor, base_graph: Op
             if key in changed:
                 r["workspace_bytes"] = int(prof.loc[key, "workspace_bytes"])
                 if measure != "hybrid":
-                    r["time_s"] = float(prof.loc[key, "time_s"]) + between_s
+                    r["time_s"] = time_scale * float(prof.loc[key, "time_s"]) + between_s
                     r["recompute_s"] = recompute_factor * r["time_s"]
                 elif key in measured_base and measured_base[key] > 0:
                     ratio = float(prof.loc[key, "time_s"]) / measured_base[key]

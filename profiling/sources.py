@@ -130,8 +130,9 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    # ".v2": the records before the recompute factor lack it, and are measured again
-    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v2.json"))
+    # ".v3": the records before the operator scale (v2) and the recompute factor lack them, and are
+    # measured again
+    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v3.json"))
 
 
 def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
@@ -139,6 +140,13 @@ def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=No
     (`iterations`; 0.0 where there is none)."""
     record = iterations(cost, model, inputs, graph, device, cache_dir)
     return 0.0 if record is None else record["between_operators_s"]
+
+
+def operator_scale(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
+    """The factor on ``cost``'s CPU operator times (`iterations`,
+    `monet.profiling.dispatch.operator_scale`; 1.0 where there is none)."""
+    record = iterations(cost, model, inputs, graph, device, cache_dir)
+    return 1.0 if record is None else record["operator_scale"]
 
 
 def recompute_factor(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
@@ -183,12 +191,14 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
         table = measured_table(cost, model, inputs, graph, device, cache_dir).copy()
         record = iterations(cost, model, inputs, graph, device, cache_dir) or {}
         between, factor = record.get("between_operators_s", 0.0), record.get("recompute_factor", 1.0)
+        scale = record.get("operator_scale", 1.0)
         if cost == "hybrid":
             table["source"] = "hybrid:quick-" + table["source"].astype(str)
-        if between > 0 or factor != 1.0:
-            table["time_s"] += between
-            table["recompute_s"] = factor * (table["recompute_s"] + between)
-            table["source"] = table["source"].astype(str) + f"+{1e6 * between:.1f}us-between-x{factor:.2f}"
+        if between > 0 or factor != 1.0 or scale != 1.0:
+            table["time_s"] = scale * table["time_s"] + between
+            table["recompute_s"] = factor * (scale * table["recompute_s"] + between)
+            table["source"] = (table["source"].astype(str) +
+                               f"+x{scale:.2f}+{1e6 * between:.1f}us-between-x{factor:.2f}")
         return table
     table = analytic_costs(graph, device_spec(gpu_spec, device))
     if cost == "hybrid":
@@ -226,17 +236,18 @@ def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device
         return analytic_cost_fn(spec, workspace_device=device)
     between = between_operators(cost, model, inputs, graph, device, cache_dir)
     factor = recompute_factor(cost, model, inputs, graph, device, cache_dir)
+    scale = operator_scale(cost, model, inputs, graph, device, cache_dir)
     # on the CPU, where times are measured, each variant's whole iteration is measured too
     calibrate = measures_times(cost, device) and torch.device(device).type == "cpu"
     if cost == "profile":
         return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="profile", between_s=between,
-                              recompute_factor=factor, calibrate=calibrate)
+                              recompute_factor=factor, time_scale=scale, calibrate=calibrate)
     measured = measures_times(cost, device)
     return hybrid_cost_fn(model, inputs, graph, table, device, spec, measure="measured" if measured else "hybrid",
                           between_s=between, recompute_factor=factor, in_context=measured and in_context(device),
-                          calibrate=calibrate, **QUICK)
+                          time_scale=scale, calibrate=calibrate, **QUICK)
 
 
 __all__ = ["COST_SOURCES", "QUICK", "between_operators", "cost_table", "device_spec", "in_context", "iterations",
-           "measured_table", "measures_times", "plain_iteration", "quick_dir", "quick_profile", "recompute_factor",
+           "measured_table", "measures_times", "operator_scale", "plain_iteration", "quick_dir", "quick_profile", "recompute_factor",
            "solver_costs", "variant_cost_fn", "with_measured_workspace"]

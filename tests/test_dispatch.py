@@ -19,7 +19,7 @@ from torch import nn
 from monet.capture import capture
 from monet.profiling.costs import costs_for, make_table
 from monet.profiling.dispatch import (FACTOR_FLOOR, FACTOR_MAX, FACTOR_MIN, FIELDS, between_operators_s,
-                                      iteration_record, measure_iterations, recompute_factor)
+                                      iteration_record, measure_iterations, operator_scale, recompute_factor)
 from monet.profiling.profiler import hybrid_cost_fn
 from monet.profiling.sources import (between_operators, cost_table, iterations, plain_iteration, quick_dir,
                                      quick_profile, solver_costs)
@@ -42,11 +42,25 @@ def test_between_operators_arithmetic():
     assert between_operators_s(1.0, make_table([])) == 0.0
 
 
+def test_operator_scale_arithmetic():
+    # operators timed one by one summing to more than the executor's iteration are scaled to it;
+    # where they sum to less, the time between operators makes up the rest and nothing is scaled
+    table = make_table([_row("fwd", 0, 1.0), _row("bwd", 0, 3.0), _row("fwd", 0, 50.0, impl="variant")])
+    assert operator_scale(2.0, table) == pytest.approx(0.5)  # 2 / (1 + 3)
+    assert operator_scale(4.0, table) == 1.0 and operator_scale(9.0, table) == 1.0
+    assert operator_scale(1.0, make_table([])) == 1.0
+    # either the scale is below 1 or time is added between operators, never both
+    for k in (2.0, 4.0, 9.0):
+        assert operator_scale(k, table) == 1.0 or between_operators_s(k, table) == 0.0
+
+
 def test_recompute_factor_arithmetic():
     m = dict(chen_iteration_s=1.8, chen_executor_s=1.0, chen_recompute_s=0.9, chen_recomputations=10)
     assert recompute_factor(m, 0.01) == pytest.approx(0.8)  # (1.8 - 1.0) / (0.9 + 10 * 0.01)
     assert recompute_factor({**m, "chen_iteration_s": 1.1}, 0.01) == FACTOR_MIN  # clipped
     assert recompute_factor({**m, "chen_iteration_s": 9.0}, 0.01) == FACTOR_MAX
+    # the operators' times scaled by 0.5: the same measured recomputation is twice their share
+    assert recompute_factor({**m, "chen_iteration_s": 1.5}, 0.0, 0.5) == pytest.approx(0.5 / 0.45)
     too_little = {**m, "chen_recompute_s": FACTOR_FLOOR / 2, "chen_recomputations": 0}
     assert recompute_factor(too_little, 0.0) == 1.0  # too little recomputation to measure a factor
 
@@ -95,6 +109,7 @@ def test_cached_once_per_graph_and_refused_when_corrupt(tmp_path):
     assert record["between_operators_s"] == pytest.approx(
         between_operators_s(record["executor_iteration_s"], table))
     assert record["operators_s"] == pytest.approx(table["time_s"].sum())
+    assert record["operator_scale"] == pytest.approx(operator_scale(record["executor_iteration_s"], table))
 
     class Refuses(nn.Module):  # a second call must not run the model again
         def forward(self, *a):
@@ -117,7 +132,7 @@ def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     quick = quick_profile(model, x, graph, "cpu", tmp_path)
     between = between_operators("hybrid", model, x, graph, "cpu", tmp_path)
     record = iterations("hybrid", model, x, graph, "cpu", tmp_path)
-    assert list(quick_dir("cpu", tmp_path).glob("*.iterations.v2.json"))
+    assert list(quick_dir("cpu", tmp_path).glob("*.iterations.v3.json"))
     table, costs = solver_costs("hybrid", model, x, graph, "cpu", cache_dir=tmp_path)
     assert table.equals(cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path))
     if between > 0:
