@@ -5,9 +5,13 @@ For each model (tiny configurations, `tests/reach_models.py`): capture through D
 measured workspace, solve at 50 % of plain PyTorch's simulated peak (the smallest feasible budget
 found when that is higher), then train three SGD steps with the schedule and with plain PyTorch
 from the same weights and RNG.  Asserted: the measured peak of an iteration is within the budget
-and within 2 % of the prediction; gradients are bitwise PyTorch's in normal mode (recomputation
-only) and within 1e-5 (relative) in full mode; the three losses are PyTorch's (bitwise in normal
-mode).  A package that does not import skips its models with the reason.
+and within 2 % of the prediction; gradients and the three losses are bitwise those of PyTorch's graph
+in normal mode (recomputation only: ``torch.compile(backend="aot_eager")`` runs the same captured
+graph) and within 1e-5 (relative) of eager PyTorch in both modes.  The two references differ where
+a library takes another code path under Dynamo: transformers' grouped-query attention calls SDPA
+with ``enable_gqa`` in eager and repeats the key/value heads under compile, whose backward rounds
+differently on some CPUs (6.6e-8 relative on the tiny Llama, on an AMD EPYC).  A package that does
+not import skips its models with the reason.
 """
 from __future__ import annotations
 
@@ -79,12 +83,13 @@ def test_reach(name, mode, tmp_path_factory):
     losses_w, grads_w = chk.train_losses(wrapped, inputs)
     losses_p, grads_p = chk.train_losses(plain, inputs)
     assert grads_w.keys() == grads_p.keys() and grads_w
+    assert chk.grad_rel_error(grads_w, grads_p) <= GRAD_TOLERANCE
+    assert torch.allclose(torch.stack(losses_w), torch.stack(losses_p), rtol=1e-5, atol=0)
     if mode == "normal" or not sol.schedule.impl:
-        assert all(torch.equal(grads_w[k], grads_p[k]) for k in grads_p), chk.grad_rel_error(grads_w, grads_p)
-        assert all(torch.equal(a, b) for a, b in zip(losses_w, losses_p)), (losses_w, losses_p)
-    else:
-        assert chk.grad_rel_error(grads_w, grads_p) <= GRAD_TOLERANCE
-        assert torch.allclose(torch.stack(losses_w), torch.stack(losses_p), rtol=1e-5, atol=0)
+        torch._dynamo.reset()
+        losses_c, grads_c = chk.train_losses(torch.compile(fresh(), backend="aot_eager"), inputs)
+        assert all(torch.equal(grads_w[k], grads_c[k]) for k in grads_c), chk.grad_rel_error(grads_w, grads_c)
+        assert all(torch.equal(a, b) for a, b in zip(losses_w, losses_c)), (losses_w, losses_c)
 
     measured = chk.step_peak(wrapped, inputs)
     assert measured <= meta.budget_bytes, (measured, meta.budget_bytes)
