@@ -49,6 +49,8 @@ class MethodResult:
         bitwise: losses and first-step gradients equal plain PyTorch's bit for bit.
         grad_error: largest relative gradient difference from plain PyTorch (`check.max_rel_diff`).
         budget_bytes, predicted_peak_bytes: a schedule's budget and the solver's predicted peak.
+        predicted_overhead: the solver's predicted overhead of a schedule
+            (`monet.solution.SolutionMeta.predicted_overhead`, 0.1 = +10 %).
         note: what the method ran, or why it did not.
     """
 
@@ -60,6 +62,7 @@ class MethodResult:
     grad_error: float | None = None
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None
+    predicted_overhead: float | None = None
     note: str = ""
 
 

@@ -297,6 +297,8 @@ def test_demo_on_a_small_model(model_arg, workdir, capsys):
         budget, predicted, peak = (float(v) for v in rows[method][:3])
         assert peak <= budget and predicted <= budget, rows[method]
         assert rows[method][-1] == "bitwise"  # normal mode: recomputation changes no bit on the CPU
+        assert rows[method][5][0] in "+-" and rows[method][6] == "%", rows[method]  # predicted overhead
+    assert rows["Chen sqrt(n)"][5] == "-"  # no prediction for a method monet did not solve
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "above its budget" not in captured.out
     assert "demo finished" in captured.err

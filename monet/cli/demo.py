@@ -126,7 +126,7 @@ def _gradients(r) -> str:
 
 def results_table(results, plain_peak: int):
     """The demo's table (a pandas DataFrame, one row per `MethodResult`, the first plain PyTorch's):
-    peaks in MiB, overhead and share of ``plain_peak`` (bytes) in percent."""
+    peaks in MiB, share of ``plain_peak`` (bytes), predicted and measured overhead in percent."""
     import pandas as pd
 
     def mib(b):  # a tiny model's peaks are fractions of a MiB
@@ -138,6 +138,7 @@ def results_table(results, plain_peak: int):
         "predicted MiB": mib(r.predicted_peak_bytes),
         "peak MiB": mib(r.peak_bytes),
         "% of plain": "-" if r.peak_bytes is None else f"{100 * r.peak_bytes / plain_peak:.0f} %",
+        "predicted overhead": "-" if r.predicted_overhead is None else fmt_pct(r.predicted_overhead),
         "overhead": "reference" if r is results[0] else ("-" if r.overhead is None else fmt_pct(r.overhead)),
         "gradients vs plain": "reference" if r is results[0] else _gradients(r),
     } for r in results])
@@ -244,7 +245,8 @@ def run(args) -> int:
     compiled = (MethodResult(f"torch.compile {args.compile_budget:g}"),
                 lambda: compile_with_activation_budget(fresh(), args.compile_budget))
     schedules = [(MethodResult(f"monet {budget}", budget_bytes=sol.meta.budget_bytes,
-                               predicted_peak_bytes=sol.meta.predicted_peak_bytes, note=note),
+                               predicted_peak_bytes=sol.meta.predicted_peak_bytes,
+                               predicted_overhead=sol.meta.predicted_overhead(), note=note),
                   lambda sol=sol: plan.wrap(sol, fresh())) for budget, sol, note in solutions]
     for r, make in [chen, *schedules, compiled]:  # torch.compile last: it resets dynamo's caches
         with timed_step(f"measuring {r.method}: peak, {args.steps} SGD steps, {args.repeats} timed iterations"):
