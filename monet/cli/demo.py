@@ -74,7 +74,7 @@ def add_arguments(p) -> None:
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET, metavar="F",
                    help="torch.compile's activation_memory_budget, in [0, 1]")
     p.add_argument("--steps", type=int, default=3, help="SGD steps of the gradient check")
-    p.add_argument("--repeats", type=int, default=3, help="timed iterations of each method for the overhead")
+    p.add_argument("--repeats", type=int, default=7, help="timed iterations of each method for the overhead (interleaved with plain PyTorch; the median is taken)")
     # 10 s: with measured CPU costs a 5 s solve at 40 % left a +186 % schedule (1233 recomputations)
     # where 10 s finds +34 % (138)
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
