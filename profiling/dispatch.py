@@ -60,28 +60,24 @@ def restored(model: nn.Module):
 def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame,
                        repeats: int | None = None, warmup: int = WARMUP) -> dict:
     """Median seconds of training iterations on the CPU: MONeT's executor keeping everything
-    (``K``) interleaved with plain PyTorch (``P``); then two schedules that recompute, each
-    interleaved with the executor keeping everything again: Chen's sqrt(n) schedule (``M``,
-    `monet.solver.chen`; ``K2``) and the ILP's normal-mode schedule at `CALIBRATION_FRACTION` of
-    plain PyTorch's simulated peak (``H``, solved in `CALIBRATION_SOLVE_S` seconds, at the smallest
-    budget found where that fraction is infeasible; ``K3``).  An iteration is forward,
-    `monet.profiling.check.loss_of` of the output, backward (`check.training_step`), under the
-    autocast setting ``graph`` was captured with.  ``model`` is left as it was (`restored`).
+    (``K``) interleaved with plain PyTorch (``P``), then Chen's sqrt(n) schedule (``M``,
+    `monet.solver.chen`) interleaved with the executor keeping everything again (``K2``).  An
+    iteration is forward, `monet.profiling.check.loss_of` of the output, backward
+    (`check.training_step`), under the autocast setting ``graph`` was captured with.  ``model`` is
+    left as it was (`restored`).
 
     Args:
         model: the module ``graph`` was captured from (a ``WithLoss`` when a loss function was given).
         inputs: an `monet.inputs.ExampleInputs` (or what `ExampleInputs.of` takes).
-        graph, table: the captured graph and its cost table (the schedules are solved and their
-            recomputation costed from it).
+        graph, table: the captured graph and its cost table (the schedules' recomputation is
+            costed from it).
         repeats: timed iterations per side (>= 1; None: from `REPEATS` to `MAX_REPEATS`, about
             `TARGET_S` seconds per side); warmup: discarded ones before them (>= 0).
 
     Returns:
         ``executor_iteration_s`` (K), ``plain_iteration_s`` (P), ``chen_iteration_s`` (M),
-        ``chen_executor_s`` (K2), ``solved_iteration_s`` (H), ``solved_executor_s`` (K3), seconds;
-        ``chen_recompute_s`` / ``solved_recompute_s``: the table's seconds of each schedule's
-        recomputations; ``chen_recomputations`` / ``solved_recomputations``: their number (the
-        ``solved_`` fields 0 where the solver found no schedule in its time).
+        ``chen_executor_s`` (K2), seconds; ``chen_recompute_s``: the table's seconds of Chen's
+        recomputations; ``chen_recomputations``: their number.
 
     Raises:
         ValueError: bad ``repeats`` / ``warmup``.
@@ -100,51 +96,17 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     costs = costs_for(graph, table)
     info = input_info(inputs, None)
     keep = keep_all(model, inputs, graph, table)
-    schedules = {"chen": solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)}
-    solved = calibration_schedule(graph, costs, info)
-    if solved is not None:
-        schedules["solved"] = solved
-    wrapped = {name: MONeTWrapper(model, sol) for name, sol in schedules.items()}
-    out = dict(solved_iteration_s=0.0, solved_executor_s=0.0, solved_recompute_s=0.0, solved_recomputations=0)
+    chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
+    chen = MONeTWrapper(model, chen_solution)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
-        repeats = _warm_up((keep, *wrapped.values()), model, inputs, repeats, warmup)
+        repeats = _warm_up((keep, chen), model, inputs, repeats, warmup)
         k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
                                    repeats, 1, "cpu")
-        out.update(executor_iteration_s=k, plain_iteration_s=p)
-        for name, w in wrapped.items():
-            m, k2 = interleaved_medians(lambda w=w: training_step(w, inputs), lambda: training_step(keep, inputs),
-                                        repeats, 1, "cpu")
-            out.update({f"{name}_iteration_s": m, f"{name}_executor_s": k2,
-                        f"{name}_recompute_s": schedules[name].meta.objective_s - costs.total_time,
-                        f"{name}_recomputations": schedules[name].schedule.recompute_count()})
-    return out
-
-
-#: the second schedule the recompute factor is measured on: the ILP's at this fraction of plain
-#: PyTorch's simulated peak, solved in this many seconds (Chen's alone is light: ShuffleNetV2's
-#: 172 recomputations measured 0.68-0.90 of their operators' times, its 304 at 50 % 0.99-1.06)
-CALIBRATION_FRACTION, CALIBRATION_SOLVE_S = 0.5, 3.0
-
-
-def calibration_schedule(graph: OpGraph, costs, info: dict | None = None):
-    """The normal-mode `monet.solution.Solution` at `CALIBRATION_FRACTION` of ``graph``'s simulated
-    plain peak under ``costs`` (a `monet.profiling.costs.CostArrays`), solved with the default solver
-    in `CALIBRATION_SOLVE_S` seconds, at the smallest budget found where that fraction does not fit;
-    None where no schedule was found in that time (then the factor is Chen's schedule's alone)."""
-    from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.simulated import eager_peak
-    from monet.solver.solve import solve
-
-    budget = int(CALIBRATION_FRACTION * eager_peak(graph, costs))
-    try:
-        try:
-            return solve(graph, costs, budget, "normal", time_limit=CALIBRATION_SOLVE_S, info=info)
-        except InfeasibleBudgetError as e:
-            if not e.min_budget_bytes:
-                return None
-            return solve(graph, costs, int(e.min_budget_bytes), "normal", time_limit=CALIBRATION_SOLVE_S, info=info)
-    except (InfeasibleBudgetError, RuntimeError):
-        return None
+        m, k2 = interleaved_medians(lambda: training_step(chen, inputs), lambda: training_step(keep, inputs),
+                                    repeats, 1, "cpu")
+    return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
+                chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,
+                chen_recomputations=chen_solution.schedule.recompute_count())
 
 
 def _warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:
@@ -207,33 +169,21 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
 
 
 def recompute_factor(measured: dict, between_s: float, scale: float = 1.0) -> float:
-    """Measured over predicted recomputation, pooled over the schedules `measure_iterations` ran
-    (``chen_`` and, where found, ``solved_``): ``sum(M - K2) / sum(scale * R + r * between_s)``
-    over those whose predicted recomputation is at least `FACTOR_FLOOR` of their ``K2`` (``R``: the
-    table's seconds of their recomputations, ``r`` their number, ``scale`` the `operator_scale` the
-    operators' times are taken at), clipped to [`FACTOR_MIN`, `FACTOR_MAX`]; 1.0 where neither
-    recomputes enough to measure.
+    """Measured over predicted recomputation on Chen's schedule: ``(M - K2) / (scale * R + r *
+    between_s)`` (`measure_iterations`' fields; ``r`` its recomputations; ``scale`` the
+    `operator_scale` the operators' times are taken at), clipped to [`FACTOR_MIN`, `FACTOR_MAX`];
+    1.0 where the predicted recomputation is under `FACTOR_FLOOR` of ``K2``, too little to measure.
 
     On the CPU a recomputed value is still in cache when the backward pass reads it, so the
     backward pass runs faster than with stored values (MobileNetV2, batch 8, 96x96: 70-78 ms at a
     50 % schedule against 93.5 ms keeping everything), which per-operator costs do not see; the
-    factor charges recomputation what it measurably adds.  How much depends on the schedule:
-    Chen's (a few long segments) and the ILP's at 50 % (recomputations spread over the backward
-    pass) differ by up to 0.3 on one model (ShuffleNetV2 0.88 and 1.0, ResNet-18 1.0 and 0.64 on an
-    AMD EPYC), so both are measured and pooled, weighted by their recomputation.
+    factor charges recomputation what it measurably adds.  Scratch runs (stop 25 note) found 0.74-0.98.
     """
-    gained = predicted = 0.0
-    for name in ("chen", "solved"):
-        if not measured.get(f"{name}_recomputations"):
-            continue
-        pred = scale * measured[f"{name}_recompute_s"] + measured[f"{name}_recomputations"] * between_s
-        if pred < FACTOR_FLOOR * measured[f"{name}_executor_s"]:
-            continue
-        gained += measured[f"{name}_iteration_s"] - measured[f"{name}_executor_s"]
-        predicted += pred
-    if predicted <= 0:
+    predicted = scale * measured["chen_recompute_s"] + measured["chen_recomputations"] * between_s
+    if predicted < FACTOR_FLOOR * measured["chen_executor_s"]:
         return 1.0
-    return float(min(FACTOR_MAX, max(FACTOR_MIN, gained / predicted)))
+    factor = (measured["chen_iteration_s"] - measured["chen_executor_s"]) / predicted
+    return float(min(FACTOR_MAX, max(FACTOR_MIN, factor)))
 
 
 #: the recompute factor's clip and the smallest predicted recomputation it is measured from
@@ -311,6 +261,6 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
 FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "operators_s", "operator_scale",
           "recompute_factor")
 
-__all__ = ["CALIBRATION_FRACTION", "CALIBRATION_SOLVE_S", "FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
-           "calibration_schedule", "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations",
+__all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
+           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations",
            "measure_variant", "restored"]

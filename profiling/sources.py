@@ -19,7 +19,7 @@
 Where times are measured on the CPU (``profile``, and ``hybrid`` there), each node's time also
 carries its share of the executor's time between operators (`between_operators`,
 `monet.profiling.dispatch`), so that recomputations pay it too, recompute seconds are scaled by a
-factor measured on Chen's schedule and on the ILP's at 50 % (`recompute_factor`), and the predicted overhead is taken against
+factor measured on Chen's schedule (`recompute_factor`), and the predicted overhead is taken against
 plain PyTorch's measured iteration (`plain_iteration`).  On the CPU the variants of full mode are
 calibrated on a whole measured iteration each (`variant_cost_fn`,
 `monet.profiling.profiler.calibrated_rows`).
@@ -130,9 +130,9 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    # ".v4": the records before the operator scale (v2), the recompute factor and its second
-    # schedule (v3) lack them, and are measured again
-    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v4.json"))
+    # ".v3": the records before the operator scale (v2) and the recompute factor lack them, and are
+    # measured again
+    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v3.json"))
 
 
 def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
