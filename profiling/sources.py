@@ -130,9 +130,9 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    # ".v3": the records before the operator scale (v2) and the recompute factor lack them, and are
-    # measured again
-    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v3.json"))
+    # ".v4": the records before the operator scale (v2) and the recompute factor lack them, and those
+    # of one round of Chen's schedule (v3) are measured again
+    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v4.json"))
 
 
 def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:
