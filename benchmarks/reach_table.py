@@ -198,7 +198,9 @@ def bench_model(res: Result, args, log, save) -> None:
             sol = plan.solve(res.budget[mode], mode=solver_mode, time_limit=args.time_limit, if_infeasible="smallest")
             res.budget[mode] = sol.meta.budget_bytes
             m.predicted_overhead = sol.meta.predicted_overhead()
-            m.note = f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
+            calibrated = sol.meta.cost_source.rpartition("+calibrated ")[2] if "+calibrated " in sol.meta.cost_source else ""
+            m.note = (f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
+                      + (f", recomputation calibrated {calibrated}" if calibrated else ""))
             wrapped = plan.wrap(sol, b.fresh())
             b.measure(f"MONeT {mode}", wrapped, inputs, res.repeats, m)
             # the same schedule again: how far two measurements in a row differ is the resolution

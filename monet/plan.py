@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -78,7 +78,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = DEFAULT_GAP,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
-             offload_bandwidth: float | None = None):
+             offload_bandwidth: float | None = None, calibrate: bool = True):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -93,7 +93,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             optimizer's state is taken out of it first, so the budget can be the GPU's size.
         mode: ``"normal"`` (recompute or keep) or a full-mode string (``"full"``,
             ``"inplace_conv_multiway_newnode"``...: operator implementations chosen too).
-        time_limit: seconds for the solver.
+        time_limit: seconds for the solver (on the CPU with measured costs, up to twice: see
+            ``calibrate``).
         loss_fn: optional ``loss_fn(output, target)``: the loss is traced with the model and the
             returned wrapper returns it (call it as ``wrapper(*inputs, target=y)``).  Without it
             the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
@@ -141,7 +142,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
                    gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=progress)
     sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
                      if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
-                     reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth)
+                     reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth, calibrate=calibrate)
     return plan.wrap(sol)
 
 
@@ -155,6 +156,8 @@ class Plan:
         graph: the `OpGraph`; costs: its `CostArrays`; cost_fn: costs of implementation variants.
         eager_peak_bytes: plain PyTorch's simulated peak, bytes (what ``"50%"`` is half of).
         device: the device type the costs are for.
+        calibrates: the costs are measured on the CPU: `solve` times each solved schedule and
+            solves again with its measured recomputation (`monet.profiling.calibration`).
     """
 
     module: nn.Module
@@ -166,6 +169,8 @@ class Plan:
     device: str
     name: str
     progress: bool = True
+    calibrates: bool = False
+    keep: nn.Module | None = field(default=None, repr=False)  # dispatch.keep_all, made at the first calibration
 
     def _log(self, message: str) -> None:
         if self.progress:
@@ -193,8 +198,11 @@ class Plan:
 
     def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
               solver: str = "CBC", gap: float = DEFAULT_GAP, if_infeasible: str = "raise", accumulate_grads: bool = False,
-              reserved_bytes: int = 0, offload_bandwidth: float | None = None):
-        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`)."""
+              reserved_bytes: int = 0, offload_bandwidth: float | None = None, calibrate: bool = True):
+        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`).  Where the plan
+        `calibrates` and ``calibrate`` is true, the solved schedule is timed and solved again with
+        its measured recomputation (`monet.profiling.calibration.calibrated_solve`): on the CPU
+        a solve then takes up to twice ``time_limit`` and a few seconds of training iterations."""
         from monet.solver.ilp import InfeasibleBudgetError
         from monet.solver.solve import parse_budget, solve
 
@@ -234,11 +242,25 @@ class Plan:
                 raise
             self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
             sol = solve(self.graph, self.costs, e.min_budget_bytes, mode, **kw)
+        if calibrate and self.calibrates:
+            sol = self._calibrated(sol, mode, kw)
         overhead = sol.meta.predicted_overhead()
         self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
                   f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations"
                   + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
         return sol
+
+    def _calibrated(self, sol, mode: str, kw: dict):
+        from monet.profiling.calibration import calibrated_solve
+        from monet.profiling.dispatch import keep_all
+        from monet.solver.solve import solve
+
+        if self.keep is None:
+            self.keep = keep_all(self.module, self.inputs, self.graph, self.costs)
+        return calibrated_solve(self.module, self.inputs, self.graph, self.costs, sol,
+                                lambda costs: solve(self.graph, costs, sol.meta.budget_bytes, mode, **kw),
+                                keep=self.keep, device=self.device, cost_fn=self.cost_fn,
+                                log=self._log)
 
     def wrap(self, solution, model: nn.Module | None = None):
         """`MONeTWrapper` of ``model`` (default: the captured module; with a loss, pass
@@ -309,7 +331,11 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     note = loss_outside_note(graph, eager)
     if note:
         warnings.warn(note, stacklevel=2)
-    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress)
+    from monet.profiling.sources import measures_times
+
+    device_type = device.split(":")[0]
+    return Plan(module, inputs, graph, costs, cost_fn, eager, device_type, name, progress,
+                calibrates=device_type == "cpu" and measures_times(cost, device))
 
 
 __all__ = ["LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -100,18 +100,29 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
     chen = MONeTWrapper(model, chen_solution)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
-        repeats = _warm_up((keep, chen), model, inputs, repeats, warmup)
+        repeats = warm_up((keep, chen), model, inputs, repeats, warmup)
         k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
                                    repeats, 1, "cpu")
-        rounds = [interleaved_medians(lambda: training_step(chen, inputs), lambda: training_step(keep, inputs),
-                                      repeats, 1, "cpu") for _ in range(FACTOR_ROUNDS)]
-        m, k2 = sorted(rounds, key=lambda mk: mk[0] - mk[1])[len(rounds) // 2]  # the median round
+        m, k2 = median_round(chen, keep, inputs, repeats)
     return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
                 chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,
                 chen_recomputations=chen_solution.schedule.recompute_count())
 
 
-def _warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:
+def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None
+                 ) -> tuple[float, float]:
+    """``(M, K)``: median seconds of a training iteration of ``module`` (a schedule) and of ``keep``
+    (the executor keeping everything), interleaved on the CPU in ``rounds`` rounds of ``repeats``
+    iterations each (one discarded per side first; None: `FACTOR_ROUNDS`); the round with the median ``M - K`` is
+    returned.  The caller warms both up and holds `restored` and the autocast context."""
+    from monet.profiling.check import interleaved_medians, training_step
+
+    timed = [interleaved_medians(lambda: training_step(module, inputs), lambda: training_step(keep, inputs),
+                                 repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
+    return sorted(timed, key=lambda mk: mk[0] - mk[1])[len(timed) // 2]
+
+
+def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:
     """Run ``warmup`` training iterations of each of ``modules`` (the executor's first traces the
     model); return ``repeats``, or where None the timed iterations per side that take about
     `TARGET_S` seconds of ``reference``'s iteration (from `REPEATS` to `MAX_REPEATS`)."""
@@ -127,10 +138,11 @@ def _warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup:
     return max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(time.perf_counter() - t0, 1e-6))))
 
 
-def keep_all(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame) -> nn.Module:
+def keep_all(model: nn.Module, inputs, graph: OpGraph, table) -> nn.Module:
     """``model`` wrapped by MONeT's executor with the schedule that keeps everything on ``graph``
     (`monet.solver.checkpoint_all`), with ``graph``'s operator implementations (``graph.impls``:
-    a variant graph of `monet.impls.variant` runs its implementations)."""
+    a variant graph of `monet.impls.variant` runs its implementations).  ``table``: ``graph``'s
+    cost table, or its `CostArrays`."""
     from monet.inputs import ExampleInputs
     from monet.models import input_info
     from monet.profiling.costs import costs_for
@@ -139,8 +151,8 @@ def keep_all(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame) -> n
     from monet.wrapper import MONeTWrapper
 
     info = input_info(ExampleInputs.of(inputs), None)
-    return MONeTWrapper(model, solve_checkpoint_all(graph, costs_for(graph, table), 2**62, deadline=Deadline(0),
-                                                    info=info))
+    costs = costs_for(graph, table) if isinstance(table, pd.DataFrame) else table
+    return MONeTWrapper(model, solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info))
 
 
 def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame, variant_graph: OpGraph,
@@ -165,7 +177,7 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
     variant = keep_all(model, inputs, variant_graph, variant_table)
     base = keep_all(model, inputs, graph, table) if base is None else base
     with restored(model), mixed_precision.context(graph.autocast):
-        repeats = _warm_up((variant, base), base, inputs, repeats, warmup)
+        repeats = warm_up((variant, base), base, inputs, repeats, warmup)
         return interleaved_medians(lambda: training_step(variant, inputs), lambda: training_step(base, inputs),
                                    repeats, 0, "cpu")
 
@@ -268,5 +280,5 @@ FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "o
           "recompute_factor")
 
 __all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
-           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations",
+           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_round", "warm_up",
            "measure_variant", "restored"]

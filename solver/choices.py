@@ -8,12 +8,14 @@ backward nodes it governs do not depend on the other nodes' implementations), so
 graph per implementation describes every combination (MONeT, Shah et al. ICLR 2021, Sec. 4).
 `chosen_graph` applies one option per choice and combines the costs of the chosen options.
 
-`full_model` caches the options and their memory model per graph; `lean_impls`, `fixed_time`,
+`full_model` caches the options and their memory model per graph (`rescaled_full_model` registers
+them for costs whose recomputation was calibrated); `lean_impls`, `fixed_time`,
 `no_recompute_bound` and `round_options` are what the full-mode portfolio (`solver.portfolio`) and
 the smallest-budget search (`solver.smallest`) read from the options.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
@@ -153,6 +155,23 @@ def full_model(graph: OpGraph, costs: CostArrays, mode: str, device: str = "cpu"
         cache[key] = (costs, cost_fn, options,
                       build_memory_model(graph, costs.fwd_workspace, costs.bwd_workspace, options))
     return cache[key][2:]
+
+
+def rescaled_full_model(graph: OpGraph, costs: CostArrays, scaled: CostArrays, ratio: float, mode: str,
+                        device: str = "cpu", cost_fn=None) -> None:
+    """Register in `full_model`'s cache, for ``scaled`` (``costs`` with ``fwd_recompute`` times
+    ``ratio``, `monet.profiling.calibration.scaled_costs`), the implementation options already built
+    for ``costs``, their recompute seconds times ``ratio`` too: a solve with ``scaled`` then reuses
+    the measured variants instead of building and measuring them again.  Nothing is registered
+    where ``costs`` has no cached entry for (``mode``, ``device``, ``cost_fn``)."""
+    cache = graph.__dict__.setdefault("_monet_full_models", {})
+    entry = cache.get((mode, device, id(costs), id(cost_fn)))
+    if entry is None:
+        return
+    options = [dataclasses.replace(o, fwd_recompute=np.asarray(o.fwd_recompute, dtype=float) * ratio)
+               for o in entry[2]]
+    cache[(mode, device, id(scaled), id(cost_fn))] = (scaled, cost_fn, options,
+                                                       dataclasses.replace(entry[3], options=options))
 
 
 def fixed_time(graph: OpGraph, costs: CostArrays, options) -> float:

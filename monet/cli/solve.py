@@ -113,6 +113,10 @@ def add_arguments(p) -> None:
                         "also carry each node's share of the executor's time between operators, and the "
                         "predicted overhead is against plain PyTorch's measured iteration (both timed once "
                         "per graph, cached)")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="on the CPU with measured costs (hybrid, profile), do not time the solved schedule "
+                        "and solve again with its measured recomputation (default: calibrate; a solve then "
+                        "takes up to twice --time-limit and a few seconds of training iterations)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
                    help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
@@ -144,6 +148,8 @@ def run(args) -> int:
     from monet.impls import mode_tokens
     from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
     from monet.plan import loss_outside_note
+    from monet.profiling.calibration import calibrated_solve
+    from monet.profiling.sources import measures_times
 
     with reported():
         mode_tokens(args.mode)
@@ -199,9 +205,14 @@ def run(args) -> int:
             budget = parse_budget_arg(args.budget, eager)
         with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "
                         f"{args.solver}, time limit {args.time_limit:g} s") as s:
-            sol = solve(graph, costs, budget, args.mode, solver=args.solver, time_limit=args.time_limit,
-                        info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
-                        offload_bandwidth=bandwidth)
+            kw = dict(solver=args.solver, time_limit=args.time_limit, info=info, device=device.split(":")[0],
+                      cost_fn=cost_fn, progress=log, gap=args.gap, offload_bandwidth=bandwidth)
+            sol = solve(graph, costs, budget, args.mode, **kw)
+            if args.calibrate and device == "cpu" and measures_times(args.cost, device):
+                first = sol
+                sol = calibrated_solve(model, x, graph, costs, first,
+                                       lambda scaled: solve(graph, scaled, first.meta.budget_bytes, args.mode, **kw),
+                                       device="cpu", cost_fn=cost_fn, log=log)
             s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
