@@ -66,6 +66,7 @@ class Measured:
     overhead: float | None = None
     predicted_overhead: float | None = None
     again: float | None = None  # MONeT: the overhead measured a second time, right after the first
+    uncalibrated: float | None = None  # MONeT on the CPU: the cost model's prediction before calibration
     note: str = ""
 
 
@@ -195,6 +196,9 @@ def bench_model(res: Result, args, log, save) -> None:
             f"{'proven' if proven else 'not proven minimal'}); solving at {_mib(res.budget[mode])} MiB")
         m = res.monet[mode] = Measured()
         try:
+            if plan.calibrates:  # what the cost model alone predicts, before the schedule is timed
+                m.uncalibrated = plan.solve(res.budget[mode], mode=solver_mode, time_limit=args.time_limit,
+                                            if_infeasible="smallest", calibrate=False).meta.predicted_overhead()
             sol = plan.solve(res.budget[mode], mode=solver_mode, time_limit=args.time_limit, if_infeasible="smallest")
             res.budget[mode] = sol.meta.budget_bytes
             m.predicted_overhead = sol.meta.predicted_overhead()
@@ -325,7 +329,10 @@ def prediction_rows(results: list[Result]) -> list[dict]:
             rows.append(dict(model=r.model, mode=mode, budget=r.budget[mode] / r.plain_sim,
                              predicted=m.predicted_overhead, measured=m.overhead, points=100 * diff,
                              within=diff <= PREDICTION_TOLERANCE + 1e-12, again=m.again,
-                             spread=None if m.again is None else 100 * abs(m.again - m.overhead)))
+                             spread=None if m.again is None else 100 * abs(m.again - m.overhead),
+                             uncalibrated=m.uncalibrated,
+                             uncalibrated_points=None if m.uncalibrated is None
+                             else 100 * abs(m.uncalibrated - m.overhead)))
     return rows
 
 
@@ -335,10 +342,16 @@ def prediction_table(results: list[Result]) -> str:
     rows = prediction_rows(results)
     if not rows:
         return ""
-    body = [[d["model"], d["mode"], f"{d['budget']:.2f}", pct(d["predicted"]), pct(d["measured"]),
+    body = [[d["model"], d["mode"], f"{d['budget']:.2f}",
+             "" if d["uncalibrated"] is None else f"{pct(d['uncalibrated'])} ({d['uncalibrated_points']:.1f})",
+             pct(d["predicted"]), pct(d["measured"]),
              "" if d["again"] is None else pct(d["again"]), f"{d['points']:.1f}",
              "" if d["spread"] is None else f"{d['spread']:.1f}", "yes" if d["within"] else "**no**"] for d in rows]
     n_in = sum(d["within"] for d in rows)
+    before = [d for d in rows if d["uncalibrated"] is not None]
+    n_before = sum(d["uncalibrated_points"] <= 100 * PREDICTION_TOLERANCE + 1e-9 for d in before)
+    uncalibrated = (f" Before calibration (*cost model*: the costs alone, and in brackets its points from the "
+                    f"measured overhead), {n_before} of {len(before)} were." if before else "")
     spreads = sorted(d["spread"] for d in rows if d["spread"] is not None)
     resolution = (f" The same schedule measured twice in a row differed by {spreads[len(spreads) // 2]:.1f} "
                   f"points (median; at most {spreads[-1]:.1f}): the resolution of these measurements."
@@ -349,9 +362,11 @@ def prediction_table(results: list[Result]) -> str:
         f"{100 * PREDICTION_TOLERANCE:.0f} points of the measured one (*points*: |predicted - measured| in "
         "percentage points; *again*: the same schedule measured a second time right after, *spread* the "
         "points between the two; the costs are `hybrid`: on the CPU each operator's median time in an "
-        "iteration's sequence, plus its share of the time between operators)." + resolution, "",
-        md_table(["model", "mode", "budget", "predicted", "measured", "again", "points", "spread",
-                  "within 5 points"], body, "llrrrrrrl"), ""])
+        "iteration's sequence, plus its share of the time between operators; on the CPU each schedule is "
+        "then timed and *predicted* is calibrated on that measurement, `monet.profiling.calibration`)."
+        + uncalibrated + resolution, "",
+        md_table(["model", "mode", "budget", "cost model", "predicted", "measured", "again", "points", "spread",
+                  "within 5 points"], body, "llrrrrrrrl"), ""])
 
 
 def section(results: list[Result], command: str, started: str, elapsed: float, finished: bool,

@@ -190,18 +190,25 @@ def compare_gradients(make_plain, make_wrapped, x, g: torch.Tensor | None, seed:
 def interleaved_medians(iterate_a, iterate_b, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, float]:
     """Median seconds of ``iterate_a()`` and of ``iterate_b()``, each called ``warmup`` times and then
     ``repeats`` times alternately (a, b, a, b ...) in this process (DESIGN.md, "Measuring")."""
+    a, b = interleaved_medians_of((iterate_a, iterate_b), repeats, warmup, device)
+    return a, b
+
+
+def interleaved_medians_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, ...]:
+    """Median seconds of each of ``iterates`` (callables), each called ``warmup`` times and then
+    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring")."""
     for _ in range(warmup):
-        iterate_a()
-        iterate_b()
-    ta, tb = [], []
+        for it in iterates:
+            it()
+    times = [[] for _ in iterates]
     for _ in range(repeats):
-        for it, acc in ((iterate_a, ta), (iterate_b, tb)):
+        for it, acc in zip(iterates, times):
             _sync(device)
             t0 = time.perf_counter()
             it()
             _sync(device)
             acc.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+    return tuple(statistics.median(t) for t in times)
 
 
 def overhead(plain: nn.Module, wrapped: nn.Module, x, g: torch.Tensor | None, repeats: int = 5,

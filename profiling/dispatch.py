@@ -109,17 +109,20 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
                 chen_recomputations=chen_solution.schedule.recompute_count())
 
 
-def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None
-                 ) -> tuple[float, float]:
+def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None,
+                 plain: nn.Module | None = None) -> tuple[float, ...]:
     """``(M, K)``: median seconds of a training iteration of ``module`` (a schedule) and of ``keep``
     (the executor keeping everything), interleaved on the CPU in ``rounds`` rounds of ``repeats``
-    iterations each (one discarded per side first; None: `FACTOR_ROUNDS`); the round with the median ``M - K`` is
-    returned.  The caller warms both up and holds `restored` and the autocast context."""
-    from monet.profiling.check import interleaved_medians, training_step
+    iterations each (one discarded per side first; None: `FACTOR_ROUNDS`); the round with the
+    median ``M - K`` is returned, with ``plain``'s median iteration (``P``) of that round
+    interleaved too where ``plain`` is given: ``(M, K, P)``.  The caller warms them up and holds
+    `restored` and the autocast context."""
+    from monet.profiling.check import interleaved_medians_of, training_step
 
-    timed = [interleaved_medians(lambda: training_step(module, inputs), lambda: training_step(keep, inputs),
-                                 repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
-    return sorted(timed, key=lambda mk: mk[0] - mk[1])[len(timed) // 2]
+    modules = (module, keep) if plain is None else (module, keep, plain)
+    steps = [lambda m=m: training_step(m, inputs) for m in modules]
+    timed = [interleaved_medians_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
+    return sorted(timed, key=lambda t: t[0] - t[1])[len(timed) // 2]
 
 
 def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:

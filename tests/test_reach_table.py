@@ -65,3 +65,14 @@ def test_zoo_unet_and_gpt2_train_with_their_loss_in_the_graph():
     loss = loss_fn(logits, target)
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     assert loss.dim() == 0 and torch.equal(loss, expected)
+
+
+def test_the_cost_models_own_prediction_is_counted_beside_the_calibrated_one():
+    res = [_result("a", 0.5, normal=(0.10, 0.11), full=(0.10, 0.12))]
+    res[0].monet["normal"].uncalibrated = 0.20  # 9 points off before calibration
+    res[0].monet["full"].uncalibrated = 0.14  # 2 points
+    rows = rt.prediction_rows(res)
+    assert [round(d["uncalibrated_points"], 6) for d in rows] == [9.0, 2.0]
+    text = rt.prediction_table(res)
+    assert "2 of 2 MONeT schedules" in text and "1 of 2 were" in text and "+20.0 % (9.0)" in text
+    assert "Before calibration" not in rt.prediction_table([_result("b", 0.5, normal=(0.1, 0.1))])
