@@ -127,6 +127,11 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             may then offload kept activations to host memory besides keeping or recomputing them
             (`monet.solver.offload`; mode ``"normal"`` only).  None (default, and on CPU): no
             offload.  `monet.profiling.bandwidth.measure_host_bandwidth` measures it on a GPU.
+        calibrate: on the CPU with measured costs (``"hybrid"``, ``"profile"``), time the solved
+            schedule against keeping everything and plain PyTorch and predict its overhead from
+            its measured recomputation; in full mode, where it measures more than 3 % off, solve
+            again with the recompute costs scaled to the measurement and keep the faster
+            (`monet.profiling.calibration`).  False: the cost model's prediction, unmeasured.
 
     Returns:
         A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).
@@ -157,7 +162,7 @@ class Plan:
         eager_peak_bytes: plain PyTorch's simulated peak, bytes (what ``"50%"`` is half of).
         device: the device type the costs are for.
         calibrates: the costs are measured on the CPU: `solve` times each solved schedule and
-            solves again with its measured recomputation (`monet.profiling.calibration`).
+            predicts it from its measured recomputation (`monet.profiling.calibration`).
     """
 
     module: nn.Module
@@ -200,9 +205,10 @@ class Plan:
               solver: str = "CBC", gap: float = DEFAULT_GAP, if_infeasible: str = "raise", accumulate_grads: bool = False,
               reserved_bytes: int = 0, offload_bandwidth: float | None = None, calibrate: bool = True):
         """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`).  Where the plan
-        `calibrates` and ``calibrate`` is true, the solved schedule is timed and solved again with
-        its measured recomputation (`monet.profiling.calibration.calibrated_solve`): on the CPU
-        a solve then takes up to twice ``time_limit`` and a few seconds of training iterations."""
+        `calibrates` and ``calibrate`` is true, the solved schedule is timed and predicted from its
+        measured recomputation, and in full mode solved again with it, the faster kept
+        (`monet.profiling.calibration.calibrated_solve`): a few seconds of training iterations,
+        in full mode up to twice ``time_limit``."""
         from monet.solver.ilp import InfeasibleBudgetError
         from monet.solver.solve import parse_budget, solve
 

@@ -115,8 +115,9 @@ def add_arguments(p) -> None:
                         "per graph, cached)")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="on the CPU with measured costs (hybrid, profile), do not time the solved schedule "
-                        "and solve again with its measured recomputation (default: calibrate; a solve then "
-                        "takes up to twice --time-limit and a few seconds of training iterations)")
+                        "(default: time it, a few seconds of training iterations, and predict its overhead "
+                        "from its measured recomputation; in full mode solve again with it and keep the "
+                        "faster schedule, up to twice --time-limit)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
                    help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
