@@ -172,7 +172,11 @@ def _solve(plan, budget: str, args):
     with timed_step(f"solving at {budget} ({args.mode}, CBC, time limit {args.time_limit:g} s)") as s:
         try:
             with reported(f"--budgets {budget}: "):
-                sol = plan.solve(budget, mode=args.mode, time_limit=args.time_limit, if_infeasible="smallest")
+                # the cost model's prediction, uncalibrated: timing each schedule at solve time
+                # (monet.profiling.calibration) doubled the demo's minute, and the demo times every
+                # schedule anyway
+                sol = plan.solve(budget, mode=args.mode, time_limit=args.time_limit, if_infeasible="smallest",
+                                 calibrate=False)
         except RuntimeError as e:
             raise CLIError(str(e)) from None
         meta = sol.meta
