@@ -81,6 +81,19 @@ def calibration_ratio(measured_s: float, keep_s: float, costs: CostArrays, objec
     return float(min(RATIO_MAX, max(RATIO_MIN, (extra - implementations) / recompute_s)))
 
 
+def calibrated_bound(bound_s: float | None, ratio: float, total_s: float, mode: str) -> float | None:
+    """The solver's lower bound on the iteration (seconds) at costs whose recompute seconds are all
+    times ``ratio``: in normal mode the objective is ``total_s`` plus the recomputation, so
+    ``total_s + ratio * (bound_s - total_s)``; in full mode (implementations' times unscaled)
+    ``bound_s`` where ``ratio >= 1`` and ``ratio * bound_s`` below (every time is >= 0).  None
+    without a bound.  The bound is the uncalibrated problem's: of the first schedule's solve."""
+    if bound_s is None:
+        return None
+    if mode == "normal":
+        return total_s + ratio * (float(bound_s) - total_s)
+    return float(bound_s) if ratio >= 1.0 else ratio * float(bound_s)
+
+
 def scaled_costs(costs: CostArrays, ratio: float, plain_time_s: float | None = None) -> CostArrays:
     """``costs`` with every recompute second (``fwd_recompute``) times ``ratio``, a
     ``"calibrated x<ratio>"`` entry in ``source``, and ``plain_time_s`` (seconds, the reference of
@@ -126,8 +139,8 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     the two the one measured faster (a schedule the measurement shows slower is not chosen).
     The returned solution's ``objective_s`` and ``eager_time_s`` (so its predicted overhead) are
     its own measurement's (`calibration_ratio`, `plain_reference_s`), its ``cost_source`` ends in
-    ``calibrated x<its ratio>``, and its bound and gap are dropped (they were the uncalibrated
-    costs').  A solution with too little recomputation to measure is returned as it is.
+    ``calibrated x<its ratio>``, and its bound the first solve's at the calibrated costs
+    (`calibrated_bound`), with the gap to it.  A solution with too little recomputation to measure is returned as it is.
 
     Args:
         model, inputs: the module ``graph`` was captured from and its example inputs.
@@ -160,8 +173,10 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
             f"{100 * (objective_s / costs.total_time - 1):+.1f} %), keeping everything {100 * (k / p - 1):+.1f} % "
             f"over plain PyTorch (predicted {100 * (costs.total_time / costs.plain_time - 1):+.1f} %): "
             f"recomputation x{ratio:.2f}")
-        meta = dataclasses.replace(sol.meta, objective_s=objective_s + (ratio - 1.0) * recompute_s,
-                                   eager_time_s=plain_reference_s(costs, k, p), bound_s=None, gap=None,
+        objective = objective_s + (ratio - 1.0) * recompute_s
+        bound = calibrated_bound(solution.meta.bound_s, ratio, costs.total_time, solution.meta.mode)
+        meta = dataclasses.replace(sol.meta, objective_s=objective, eager_time_s=plain_reference_s(costs, k, p),
+                                   bound_s=bound, gap=None if bound is None else max(0.0, 1 - bound / objective),
                                    cost_source="+".join(costs.source) + f"+calibrated x{ratio:.2f}")
         return dataclasses.replace(sol, meta=meta), ratio, m / k
 
@@ -189,5 +204,5 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     return first
 
 
-__all__ = ["RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibration_ratio", "measure_schedule",
+__all__ = ["RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measure_schedule",
            "plain_reference_s", "recompute_seconds", "scaled_costs"]

@@ -12,7 +12,8 @@ import torch
 
 from monet.plan import prepare
 from monet.profiling import calibration
-from monet.profiling.calibration import (RATIO_MAX, RATIO_MIN, RATIO_TOLERANCE, calibrated_solve, calibration_ratio,
+from monet.profiling.calibration import (RATIO_MAX, RATIO_MIN, RATIO_TOLERANCE, calibrated_bound, calibrated_solve,
+                                         calibration_ratio,
                                          measure_schedule, recompute_seconds, scaled_costs)
 from monet.profiling.costs import CostArrays
 from monet.profiling.dispatch import FACTOR_FLOOR, keep_all
@@ -42,6 +43,16 @@ def test_ratio_arithmetic():
     # too little recomputation to measure, or no time to measure it against
     assert calibration_ratio(1.3, 1.0, costs, 1.0 + FACTOR_FLOOR / 2, FACTOR_FLOOR / 2) is None
     assert calibration_ratio(1.3, 0.0, costs, 1.4, 0.4) is None
+
+
+def test_calibrated_bound():
+    # normal mode: 1 s without recomputation, at least 0.4 s of it; at half the recompute costs 0.2 s
+    assert calibrated_bound(1.4, 0.5, 1.0, "normal") == pytest.approx(1.2)
+    assert calibrated_bound(1.4, 2.0, 1.0, "normal") == pytest.approx(1.8)
+    # full mode: implementations' times are not scaled, so only what holds for any split
+    assert calibrated_bound(1.4, 2.0, 1.0, FULL) == 1.4
+    assert calibrated_bound(1.4, 0.5, 1.0, FULL) == pytest.approx(0.7)
+    assert calibrated_bound(None, 0.5, 1.0, "normal") is None
 
 
 def test_scaled_costs_scale_the_recomputation_only():
@@ -134,7 +145,8 @@ def test_solved_again_with_the_measured_recomputation(plan, budget, monkeypatch,
     assert out.meta.budget_bytes == sol.meta.budget_bytes and out.meta.predicted_peak_bytes <= budget
     # the reference of the predicted overhead: plain PyTorch measured with it, at the costs' speed
     assert out.meta.eager_time_s == pytest.approx(plan.costs.total_time / 1.1)
-    assert out.meta.bound_s is None and out.meta.gap is None
+    # the bound is the first solve's at the calibrated costs, and below the calibrated objective
+    assert out.meta.bound_s is None or out.meta.bound_s <= out.meta.objective_s * (1 + 1e-9)
     if second == "slower":  # the first stands
         assert out.schedule == sol.schedule and out.meta.cost_source.endswith("calibrated x0.50")
         # its predicted overhead is its measured one: M / P - 1
