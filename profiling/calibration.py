@@ -160,8 +160,10 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
 
     log = log or (lambda _m: None)
     recompute = recompute_seconds(graph, costs, solution, device, cost_fn)
-    if calibration_ratio(2.0, 1.0, costs, solution.meta.objective_s, recompute) is None:
-        return solution  # too little recomputation to measure
+    from monet.profiling.dispatch import FACTOR_FLOOR
+
+    if recompute < FACTOR_FLOOR * costs.total_time or costs.total_time <= 0:
+        return solution  # too little recomputation to measure (as `calibration_ratio` refuses it)
     keep = keep_all(model, inputs, graph, costs) if keep is None else keep
 
     def timed(sol, objective_s: float, recompute_s: float):
