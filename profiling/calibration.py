@@ -7,7 +7,8 @@ another schedule on another occasion: torchvision's EfficientNet-B0 measured 0.9
 the next, and its 50 % schedules were then predicted 8-11 points under their measured overhead
 (BENCHMARKS.md, "Real models", run of 2026-11-26 03:12).  So where the costs are measured on the
 CPU, `calibrated_solve` times the solved schedule itself against the executor keeping everything
-and plain PyTorch (interleaved, `dispatch.median_round`), takes the ratio of its measured
+and plain PyTorch (interleaved, each iteration set against the keep-everything one of its turn:
+`dispatch.paired_medians`), takes the ratio of its measured
 recomputation to the predicted one (`calibration_ratio`), and solves once more with every
 recompute second times that ratio (`scaled_costs`); that schedule is timed too, and the faster of
 the two is returned, predicted with its own measured recomputation.  So on the CPU the predicted
@@ -113,19 +114,20 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
                      repeats: int | None = None) -> tuple[float, float, float]:
     """``(M, K, P)``: median seconds of a training iteration of ``model`` run by ``solution``, by
     ``keep`` (`dispatch.keep_all` of the same graph) and by plain PyTorch (``model`` itself),
-    interleaved on the CPU in `dispatch.FACTOR_ROUNDS` rounds (`dispatch.median_round`), under the
+    interleaved on the CPU in `dispatch.FACTOR_ROUNDS` rounds, ``M`` and ``P`` as ``K`` times their
+    median ratio to ``K`` within a turn (`dispatch.paired_medians`), under the
     autocast setting ``graph`` was captured with; ``model`` is left as it was
     (`dispatch.restored`).  ``repeats``: timed iterations per side and round (None: about
     `dispatch.TARGET_S` seconds of the schedule's)."""
     from monet.inputs import ExampleInputs
-    from monet.profiling.dispatch import WARMUP, median_round, restored, warm_up
+    from monet.profiling.dispatch import WARMUP, paired_medians, restored, warm_up
     from monet.wrapper import MONeTWrapper
 
     inputs = ExampleInputs.of(inputs)
     scheduled = MONeTWrapper(model, solution)
     with restored(model), mixed_precision.context(graph.autocast):
         repeats = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
-        return median_round(scheduled, keep, inputs, repeats, plain=model)
+        return paired_medians((scheduled, keep, model), inputs, repeats, reference=1)
 
 
 def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solution,

@@ -197,6 +197,13 @@ def interleaved_medians(iterate_a, iterate_b, repeats: int = 5, warmup: int = 1,
 def interleaved_medians_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, ...]:
     """Median seconds of each of ``iterates`` (callables), each called ``warmup`` times and then
     ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring")."""
+    return tuple(statistics.median(t) for t in interleaved_times_of(iterates, repeats, warmup, device))
+
+
+def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> list[list[float]]:
+    """Seconds of every timed call of each of ``iterates`` (callables; one list per callable, of
+    ``repeats`` floats, the i-th of each from the same turn), each called ``warmup`` times and then
+    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring")."""
     for _ in range(warmup):
         for it in iterates:
             it()
@@ -208,7 +215,7 @@ def interleaved_medians_of(iterates, repeats: int = 5, warmup: int = 1, device="
             it()
             _sync(device)
             acc.append(time.perf_counter() - t0)
-    return tuple(statistics.median(t) for t in times)
+    return times
 
 
 def overhead(plain: nn.Module, wrapped: nn.Module, x, g: torch.Tensor | None, repeats: int = 5,

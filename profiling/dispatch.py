@@ -25,6 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
@@ -109,20 +110,37 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
                 chen_recomputations=chen_solution.schedule.recompute_count())
 
 
-def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None,
-                 plain: nn.Module | None = None) -> tuple[float, ...]:
+def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None) -> tuple[float, float]:
     """``(M, K)``: median seconds of a training iteration of ``module`` (a schedule) and of ``keep``
     (the executor keeping everything), interleaved on the CPU in ``rounds`` rounds of ``repeats``
     iterations each (one discarded per side first; None: `FACTOR_ROUNDS`); the round with the
-    median ``M - K`` is returned, with ``plain``'s median iteration (``P``) of that round
-    interleaved too where ``plain`` is given: ``(M, K, P)``.  The caller warms them up and holds
-    `restored` and the autocast context."""
+    median ``M - K`` is returned.  The caller warms them up and holds `restored` and the autocast
+    context."""
     from monet.profiling.check import interleaved_medians_of, training_step
 
-    modules = (module, keep) if plain is None else (module, keep, plain)
-    steps = [lambda m=m: training_step(m, inputs) for m in modules]
+    steps = [lambda m=m: training_step(m, inputs) for m in (module, keep)]
     timed = [interleaved_medians_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
     return sorted(timed, key=lambda t: t[0] - t[1])[len(timed) // 2]
+
+
+def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, reference: int = 0) -> tuple[float, ...]:
+    """Seconds of a training iteration of each of ``modules``, interleaved on the CPU in ``rounds``
+    rounds of ``repeats`` turns each (one discarded per side first; None: `FACTOR_ROUNDS`), as
+    paired estimates: ``modules[reference]``'s median iteration ``R`` over every turn, and for each
+    other module ``R`` times the median, over every turn, of its iteration over the reference's in
+    that turn.  A ratio within one turn does not see the machine's speed drifting between turns:
+    for timm's ViT-Tiny (150 ms iterations, about 7 turns a round) the median round of `median_round`
+    put one schedule at +9 % to +17 % over plain PyTorch in six measurements in a row, these paired
+    ratios at +10 % to +13 %.  The caller warms them up and holds `restored` and the autocast
+    context."""
+    from monet.profiling.check import interleaved_times_of, training_step
+
+    steps = [lambda m=m: training_step(m, inputs) for m in modules]
+    turns = [interleaved_times_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
+    times = np.concatenate([np.asarray(t, dtype=float) for t in turns], axis=1)  # (modules, turns)
+    ref = times[reference]
+    median_ref = float(np.median(ref))
+    return tuple(median_ref if i == reference else median_ref * float(np.median(t / ref)) for i, t in enumerate(times))
 
 
 def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:
@@ -283,5 +301,5 @@ FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "o
           "recompute_factor")
 
 __all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
-           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_round", "warm_up",
+           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_round", "paired_medians", "warm_up",
            "measure_variant", "restored"]

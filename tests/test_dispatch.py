@@ -203,3 +203,21 @@ def test_chen_rounds_give_the_median_round(monkeypatch):
     measured = measure_iterations(model, x, graph, analytic_table(graph), repeats=1, warmup=0)
     assert (measured["executor_iteration_s"], measured["plain_iteration_s"]) == (1.0, 0.9)
     assert (measured["chen_iteration_s"], measured["chen_executor_s"]) == (1.3, 1.0)  # differences .5, .1, .3
+
+
+def test_paired_medians_set_each_iteration_against_the_reference_of_its_turn(monkeypatch):
+    """The machine slowing down between turns moves every side alike: the paired estimate keeps the
+    ratio of the turns (1.2), where medians of each side apart would mix fast and slow turns."""
+    from monet.profiling import check
+    from monet.profiling.dispatch import paired_medians
+
+    speeds = iter([[1.0, 1.0, 3.0, 3.0, 3.0], [1.0, 1.0, 1.0, 1.0, 3.0]])  # two rounds, five turns
+
+    def times(steps, repeats, warmup, device):
+        s = next(speeds)
+        return [[1.2 * v for v in s], [v for v in s], [0.9 * v for v in s]]  # schedule, keep, plain
+
+    monkeypatch.setattr(check, "interleaved_times_of", times)
+    m, k, p = paired_medians((None, None, None), None, repeats=5, rounds=2, reference=1)
+    assert k == pytest.approx(1.0)  # the reference's median over all ten turns
+    assert m / k == pytest.approx(1.2) and p / k == pytest.approx(0.9)
