@@ -54,6 +54,14 @@ def recompute_seconds(graph, costs: CostArrays, solution, device: str = "cpu", c
     return float(np.asarray(recompute, dtype=float) @ np.asarray(solution.R, dtype=float).sum(axis=0))
 
 
+def measurable(costs: CostArrays, recompute_s: float) -> bool:
+    """Whether ``recompute_s`` predicted seconds of recomputation are enough to time: at least
+    `dispatch.FACTOR_FLOOR` of the keep-everything iteration (``costs.total_time``, > 0)."""
+    from monet.profiling.dispatch import FACTOR_FLOOR
+
+    return costs.total_time > 0 and recompute_s >= FACTOR_FLOOR * costs.total_time
+
+
 def calibration_ratio(measured_s: float, keep_s: float, costs: CostArrays, objective_s: float,
                       recompute_s: float) -> float | None:
     """Measured over predicted recomputation of a schedule, clipped to [`RATIO_MIN`, `RATIO_MAX`].
@@ -72,10 +80,8 @@ def calibration_ratio(measured_s: float, keep_s: float, costs: CostArrays, objec
         add, over the predicted recomputation; None where ``recompute_s`` is under
         `dispatch.FACTOR_FLOOR` of ``total_time`` (too little to measure) or a time is not positive.
     """
-    from monet.profiling.dispatch import FACTOR_FLOOR
-
     total = costs.total_time
-    if keep_s <= 0 or total <= 0 or recompute_s < FACTOR_FLOOR * total:
+    if keep_s <= 0 or not measurable(costs, recompute_s):
         return None
     extra = (measured_s - keep_s) / keep_s * total
     implementations = objective_s - total - recompute_s
@@ -162,10 +168,8 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
 
     log = log or (lambda _m: None)
     recompute = recompute_seconds(graph, costs, solution, device, cost_fn)
-    from monet.profiling.dispatch import FACTOR_FLOOR
-
-    if recompute < FACTOR_FLOOR * costs.total_time or costs.total_time <= 0:
-        return solution  # too little recomputation to measure (as `calibration_ratio` refuses it)
+    if not measurable(costs, recompute):
+        return solution  # too little recomputation to measure
     keep = keep_all(model, inputs, graph, costs) if keep is None else keep
 
     def timed(sol, objective_s: float, recompute_s: float):
@@ -208,5 +212,5 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     return first
 
 
-__all__ = ["RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measure_schedule",
+__all__ = ["RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
            "plain_reference_s", "recompute_seconds", "scaled_costs"]
