@@ -118,19 +118,20 @@ def plain_reference_s(costs: CostArrays, keep_s: float, plain_s: float) -> float
 
 def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
                      repeats: int | None = None) -> tuple[float, float, float]:
-    """``(M, K, P)``: median seconds of a training iteration of ``model`` run by ``solution``, by
-    ``keep`` (`dispatch.keep_all` of the same graph) and by plain PyTorch (``model`` itself),
+    """``(M, K, P)``: median seconds of a training iteration of ``model`` run by ``solution`` (on a
+    copy of it, `dispatch.own_copy`), by ``keep`` (`dispatch.keep_all` of the same graph, another
+    copy) and by plain PyTorch (``model`` itself),
     interleaved on the CPU in `dispatch.FACTOR_ROUNDS` rounds, ``M`` and ``P`` as ``K`` times their
     median ratio to ``K`` within a turn (`dispatch.paired_medians`), under the
     autocast setting ``graph`` was captured with; ``model`` is left as it was
     (`dispatch.restored`).  ``repeats``: timed iterations per side and round (None: about
     `dispatch.TARGET_S` seconds of the schedule's)."""
     from monet.inputs import ExampleInputs
-    from monet.profiling.dispatch import WARMUP, paired_medians, restored, warm_up
+    from monet.profiling.dispatch import WARMUP, own_copy, paired_medians, restored, warm_up
     from monet.wrapper import MONeTWrapper
 
     inputs = ExampleInputs.of(inputs)
-    scheduled = MONeTWrapper(model, solution)
+    scheduled = MONeTWrapper(own_copy(model), solution)
     with restored(model), mixed_precision.context(graph.autocast):
         repeats = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
         return paired_medians((scheduled, keep, model), inputs, repeats, reference=1)

@@ -217,3 +217,25 @@ def test_measure_schedule_times_and_leaves_the_model_as_it_was(plan, budget):
     after = model.state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_timed_modules_own_their_parameters(plan, budget, monkeypatch):
+    """The schedule and the executor keeping everything are timed on copies of the model, not on
+    plain PyTorch's parameters (`dispatch.own_copy`): shared, one ResNet-18 schedule measured from
+    +27 % to +44 % over keeping everything in seven calibrations in a row."""
+    from monet.profiling import dispatch
+
+    sol = _solve(plan, plan.costs, budget)
+    model = plan.module
+    keep = keep_all(model, plan.inputs, plan.graph, plan.costs)
+    timed = []
+    monkeypatch.setattr(dispatch, "paired_medians", lambda modules, *a, **k: timed.append(modules) or (1.0, 1.0, 1.0))
+    measure_schedule(model, plan.inputs, plan.graph, sol, keep, repeats=1)
+    (scheduled, kept, plain), = timed
+    assert plain is model and kept is keep
+    storage = lambda m: {p.data_ptr() for p in m.parameters()}  # noqa: E731
+    assert storage(scheduled).isdisjoint(storage(model)) and storage(kept).isdisjoint(storage(model))
+    assert storage(scheduled).isdisjoint(storage(kept))
+    own = dict(keep.named_parameters())
+    assert len(own) == len(dict(model.named_parameters())) > 0
+    assert all(torch.equal(p, q) for p, q in zip(keep.parameters(), model.parameters()))
