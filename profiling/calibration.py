@@ -127,11 +127,10 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     (`dispatch.restored`).  ``repeats``: timed iterations per side and round (None: about
     `dispatch.TARGET_S` seconds of the schedule's)."""
     from monet.inputs import ExampleInputs
-    from monet.profiling.dispatch import WARMUP, own_copy, paired_medians, restored, warm_up
-    from monet.wrapper import MONeTWrapper
+    from monet.profiling.dispatch import WARMUP, paired_medians, restored, timed_executor, warm_up
 
     inputs = ExampleInputs.of(inputs)
-    scheduled = MONeTWrapper(own_copy(model), solution)
+    scheduled = timed_executor(model, solution)
     with restored(model), mixed_precision.context(graph.autocast):
         repeats = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
         return paired_medians((scheduled, keep, model), inputs, repeats, reference=1)

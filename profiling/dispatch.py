@@ -46,7 +46,8 @@ def own_copy(model: nn.Module) -> nn.Module:
     timing, so that no two timed modules share parameters.  Timed on the same parameters as plain
     PyTorch, torchvision's ResNet-18 schedule (batch 64, 64x64, 81 % of the plain peak) measured
     +27 % to +44 % over the executor keeping everything in seven calibrations in a row; on copies,
-    +33 % to +37 % (2026-11-26, AMD EPYC VM, 2 cores).  Costs one more copy of the parameters per
+    +33 % to +37 % (2026-11-26, AMD EPYC VM, 2 cores; `benchmarks/timing_spread.py`
+    with and without ``--shared``).  Costs one more copy of the parameters per
     timed module (CPU memory).  Where ``model`` cannot be deep-copied, ``model`` itself, with a
     warning."""
     try:
@@ -55,6 +56,14 @@ def own_copy(model: nn.Module) -> nn.Module:
         warnings.warn(f"cannot copy {type(model).__name__} for timing ({type(e).__name__}: {e}); "
                       "timing the schedules on its own parameters, which is noisier", stacklevel=2)
         return model
+
+
+def timed_executor(model: nn.Module, solution) -> nn.Module:
+    """MONeT's executor running ``solution`` on a copy of ``model`` (`own_copy`): the module every
+    CPU timing here sets against plain PyTorch's ``model``."""
+    from monet.wrapper import MONeTWrapper
+
+    return MONeTWrapper(own_copy(model), solution)
 
 
 @contextlib.contextmanager
@@ -107,7 +116,6 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     from monet.profiling.costs import costs_for
     from monet.solver.chen import solve_chen
     from monet.solver.deadline import Deadline
-    from monet.wrapper import MONeTWrapper
 
     if (repeats is not None and repeats < 1) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
@@ -116,7 +124,7 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     info = input_info(inputs, None)
     keep = keep_all(model, inputs, graph, table)
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
-    chen = MONeTWrapper(own_copy(model), chen_solution)
+    chen = timed_executor(model, chen_solution)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
         repeats = warm_up((keep, chen), model, inputs, repeats, warmup)
         k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
@@ -186,11 +194,10 @@ def keep_all(model: nn.Module, inputs, graph: OpGraph, table) -> nn.Module:
     from monet.profiling.costs import costs_for
     from monet.solver.checkpoint_all import solve_checkpoint_all
     from monet.solver.deadline import Deadline
-    from monet.wrapper import MONeTWrapper
 
     info = input_info(ExampleInputs.of(inputs), None)
     costs = costs_for(graph, table) if isinstance(table, pd.DataFrame) else table
-    return MONeTWrapper(own_copy(model), solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info))
+    return timed_executor(model, solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info))
 
 
 def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame, variant_graph: OpGraph,
