@@ -30,7 +30,7 @@ files in ``--work-dir``, so the solve can run on a laptop between two GPU sessio
    warm-up (CUDA ``max_memory_allocated``; CPU: allocator events, `monet.profiling.memory`), peak
    reserved bytes (CUDA ``max_memory_reserved``, after ``torch.cuda.empty_cache()`` so earlier
    candidates' cached blocks do not count) and reserved / allocated (fragmentation), overhead
-   (interleaved medians against plain PyTorch, `monet.profiling.check.overhead`) and, for the
+   (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.check.overhead`) and, for the
    schedules, the relative L2 error of all gradients against plain PyTorch
    (`monet.profiling.check.compare_gradients`).  Writes ``WORK/MODEL/measure.json`` after every
    row and rewrites ``--out`` (markdown: one table per model beside MONeT's published row, with the
@@ -453,7 +453,7 @@ def write_table(args) -> Path | None:
                   md_table(list(df.columns), df.astype(str).values.tolist(), "lrrrrrlrrll"), ""]
     lines += ["Sizes: allocated = peak `max_memory_allocated` (CPU: allocator events) of one forward+backward "
               "iteration after warm-up; reserved = peak `max_memory_reserved` (CUDA only); GiB = 2^30 bytes "
-              "(MONeT's GB). Overhead: interleaved median iteration time / plain PyTorch's - 1. Grad. error: "
+              "(MONeT's GB). Overhead: median over interleaved turns of the iteration time / plain PyTorch's, - 1. Grad. error: "
               "relative L2 error of all gradients against plain PyTorch. MONeT (P100): the published figure "
               "(16 GB P100, fp32, PyTorch 1.5.1) at the same budget, GB @ overhead.", ""]
     out = Path(args.out)

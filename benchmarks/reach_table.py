@@ -12,7 +12,7 @@ trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers m
    ``--time-limit`` seconds each), as a fraction of the simulated plain peak;
 3. MONeT's schedule in normal and full mode at 50 % of the simulated plain peak, or at the mode's
    smallest feasible budget when that is higher (the row says so): measured peak, overhead
-   (interleaved medians against plain PyTorch, `monet.profiling.check.step_overhead`) and the
+   (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.check.step_overhead`) and the
    solver's predicted overhead;
 4. the peers: Chen's checkpointing (`checkpoint_blocks` in `monet.profiling.baselines`: sqrt(n) segments of
    a sequence of units, or each block of a transformer's block list; "n/a" with the reason where
@@ -23,6 +23,9 @@ trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers m
    file kept, after every model, so an interrupted run keeps its rows.  An error is the model's
    row, not a crash.  Below the table, every MONeT cell's predicted against measured overhead and
    how many are within `PREDICTION_TOLERANCE` (issue 18).
+
+Each model runs in a fresh Python process of its own (`in_own_process`; ``--in-process``: all in
+this one), so that nothing an earlier model left behind reaches its timings.
 
 ``--models zoo`` (or ``zoo/<name>``) runs the zoo's models at ``benchmarks/bench.py``'s CPU
 configurations; ``--no-peers`` measures MONeT only.
@@ -388,8 +391,9 @@ def section(results: list[Result], command: str, started: str, elapsed: float, f
         "the simulated one that budgets are fractions of. *smallest*: `min_budget` in normal and full mode "
         "as a fraction of the simulated plain peak (*not proven*: the solver's time limit ended the search). "
         "*solved at*: the budget of the MONeT columns, 50 % or the mode's smallest feasible budget when that "
-        "is higher. Cells: measured peak MiB (/ plain measured) @ overhead, the interleaved median "
-        "iteration time / plain's - 1 (`step_overhead`), and for MONeT the solver's predicted overhead. "
+        "is higher. Cells: measured peak MiB (/ plain measured) @ overhead, the median over interleaved "
+        "turns of the iteration time over plain PyTorch's of the turn, - 1 (`step_overhead`), and for MONeT "
+        "the solver's predicted overhead. Each model is measured in a fresh process of its own (unless `--in-process`). "
         "*Chen*: `torch.utils.checkpoint` on round(sqrt(n)) segments of the model's sequence of units, or on "
         "each block of a transformer's block list (`monet.profiling.baselines.checkpoint_blocks`; notes say which). "
         "*torch.compile*: `aot_eager_decomp_partition` under `activation_memory_budget` b, the b among "
@@ -414,6 +418,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="least timed iterations per side")
     p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     p.add_argument("--cache-dir", type=Path, default=None, help="measured-cost cache (default monet's)")
+    p.add_argument("--in-process", action="store_true",
+                   help="measure every model in this process (default: each in a fresh process of its own, "
+                        "so no model's timings see what the ones before it left)")
     args = p.parse_args(argv)
     args.models = [n for m in args.models.split(",") if m.strip()
                    for n in (zoo_names() if m.strip() == "zoo" else [m.strip()])]
@@ -421,6 +428,49 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"unknown models {unknown}; known: {', '.join(list(rm.MODELS) + zoo_names())}")
     return args
+
+
+def run_model(res: Result, args, log, save) -> Result:
+    """`bench_model` of ``res.model``; its failure (or a missing optional package) is the row's
+    ``error``, not a crash; ``res.seconds`` set."""
+    import reach_models as rm
+
+    t0 = time.perf_counter()
+    try:
+        reason = None if res.model.startswith(ZOO) else rm.missing(rm.MODELS[res.model][0])
+        if reason:
+            raise RuntimeError(reason)
+        bench_model(res, args, log, save)
+    except Exception as e:  # noqa: BLE001 - one model's failure is its row
+        res.error = error_text(e)
+        log(f"  failed: {res.error}")
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _child(name: str, batch: int, args) -> Result:
+    """`run_model` in a child process: its own progress log, its row returned to the parent."""
+    return run_model(Result(name, batch=batch), args, bench.Log(), lambda finished=False: None)
+
+
+def in_own_process(name: str, batch: int, args, log) -> Result:
+    """``name``'s row measured in a fresh Python process (``spawn``), so that nothing the models
+    before it left (allocator state, caches of torch.compile and of the executor, threads) reaches
+    its timings: in whole-table runs in one process timm's ViT-Tiny was predicted 5-8 points over
+    its measured overhead, run alone 0.1-3.4 (BENCHMARKS.md, "Real models", 2026-11-26).  A child
+    that dies (out of memory ...) is the row's error."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.perf_counter()
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(_child, name, batch, args).result()
+    except Exception as e:  # noqa: BLE001 - the child process itself failed: the row says so
+        res = Result(name, batch=batch, error=f"the model's process failed: {error_text(e)}")
+        res.seconds = time.perf_counter() - t0
+        log(f"  failed: {res.error}")
+        return res
 
 
 def main(argv=None) -> int:
@@ -440,19 +490,14 @@ def main(argv=None) -> int:
     for name in args.models:
         default_batch = (bench.CONFIGS[name[len(ZOO):]].batch_size if name.startswith(ZOO)
                          else rm.TABLE_BATCH.get(name, rm.B))
-        res = Result(name, batch=args.batch or default_batch)
-        results.append(res)
-        log(f"{name} (batch {res.batch})")
-        t0 = time.perf_counter()
-        reason = None if name.startswith(ZOO) else rm.missing(rm.MODELS[name][0])
-        try:
-            if reason:
-                raise RuntimeError(reason)
-            bench_model(res, args, log, save)
-        except Exception as e:  # noqa: BLE001 - one model's failure is its row
-            res.error = error_text(e)
-            log(f"  failed: {res.error}")
-        res.seconds = time.perf_counter() - t0
+        batch = args.batch or default_batch
+        log(f"{name} (batch {batch}){'' if args.in_process else ': in a process of its own'}")
+        if args.in_process:
+            res = Result(name, batch=batch)
+            results.append(res)
+            run_model(res, args, log, save)
+        else:
+            results.append(in_own_process(name, batch, args, log))
         _release()
         save()
     save(finished=True)

@@ -7,7 +7,9 @@ model whose output is not a tensor (a ``ModelOutput`` or dict with a ``loss``) h
 (`output_grad`) and is trained through ``loss_of(y).backward()``.  Peak memory is
 measured at the allocator (`monet.profiling.memory.measure_peak`) and includes parameters,
 buffers, the input and ``g``.  Overhead is the median iteration time of the schedule divided by the
-median of plain PyTorch, measured in one process, interleaved, after warm-up, minus 1.
+median of plain PyTorch, measured in one process, interleaved, after warm-up, minus 1; since
+2026-11-26 each schedule iteration is divided by the plain one of its turn and the median of those
+ratios taken (`paired_overhead`), which a drift of the machine's speed between turns leaves alone.
 
 Mixed precision: every function takes ``autocast``, a setting of `monet.mixed_precision` (None, or
 ``("cpu", "bfloat16")`` ...); the forward pass then runs inside ``torch.autocast`` and the backward
@@ -200,6 +202,25 @@ def interleaved_medians_of(iterates, repeats: int = 5, warmup: int = 1, device="
     return tuple(statistics.median(t) for t in interleaved_times_of(iterates, repeats, warmup, device))
 
 
+def paired_ratio(times, reference_times) -> float:
+    """Median, over the turns of an interleaved timing (`interleaved_times_of`), of one callable's
+    seconds over the reference's in the same turn: both lists of equal length, the i-th of each
+    from turn i.  A slowdown of the machine that lasts a few turns moves both sides of those turns
+    and leaves their ratio, where two medians taken apart move by the part of it each side caught.
+
+    Raises:
+        ValueError: lists of different or zero length, or a reference time that is not positive.
+    """
+    import numpy as np
+
+    t, ref = np.asarray(times, dtype=float), np.asarray(reference_times, dtype=float)
+    if t.shape != ref.shape or t.size == 0:
+        raise ValueError(f"paired times need two lists of one length > 0, got {t.shape} and {ref.shape}")
+    if (ref <= 0).any():
+        raise ValueError("a reference time is not positive: nothing to divide by")
+    return float(np.median(t / ref))
+
+
 def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> list[list[float]]:
     """Seconds of every timed call of each of ``iterates`` (callables; one list per callable, of
     ``repeats`` floats, the i-th of each from the same turn), each called ``warmup`` times and then
@@ -220,12 +241,22 @@ def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cp
 
 def overhead(plain: nn.Module, wrapped: nn.Module, x, g: torch.Tensor | None, repeats: int = 5,
              warmup: int = 1, autocast=None) -> tuple[float, float, float]:
-    """(overhead fraction, median schedule time s, median plain time s), interleaved in one process;
-    ``x`` and ``g`` as `measure_iteration_peak` takes them."""
+    """(overhead fraction, median schedule time s, median plain time s), interleaved in one process
+    (`paired_overhead`); ``x`` and ``g`` as `measure_iteration_peak` takes them."""
     x, device = _inputs(x)
-    mw, mp = interleaved_medians(lambda: run_iteration(wrapped, x, g, autocast),
-                                 lambda: run_iteration(plain, x, g, autocast), repeats, warmup, device)
-    return mw / mp - 1.0, mw, mp
+    return paired_overhead(lambda: run_iteration(wrapped, x, g, autocast),
+                           lambda: run_iteration(plain, x, g, autocast), repeats, warmup, device)
+
+
+def paired_overhead(iterate, iterate_plain, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, float, float]:
+    """``(overhead fraction, median seconds of iterate(), median seconds of iterate_plain())``:
+    both called ``warmup`` times and then ``repeats`` times alternately in this process
+    (`interleaved_times_of`), the overhead the median over those turns of ``iterate``'s time over
+    ``iterate_plain``'s of the same turn, minus 1 (`paired_ratio`).  The ratio of the two medians
+    taken apart, as before 2026-11-26, put one schedule at +8.2 % and, 10 s later, +29.6 % on this
+    project's shared CPU (BENCHMARKS.md, "Real models", MobileNetV3-Small)."""
+    t, tp = interleaved_times_of((iterate, iterate_plain), repeats, warmup, device)
+    return paired_ratio(t, tp) - 1.0, statistics.median(t), statistics.median(tp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,13 +297,12 @@ def step_overhead(plain: nn.Module, candidate: nn.Module, inputs, repeats: int =
                   loss_fn=loss_of) -> tuple[float, float, float]:
     """`overhead` for a model called with any inputs (``inputs`` as `monet.inputs.ExampleInputs.of`
     takes them) and trained from ``loss_fn`` of its output: (overhead fraction, median candidate
-    time s, median plain time s), interleaved medians of `training_step` in one process."""
+    time s, median plain time s), `training_step` of each timed in turn (`paired_overhead`)."""
     from monet.inputs import ExampleInputs
 
     inputs = ExampleInputs.of(inputs)
-    mc, mp = interleaved_medians(lambda: training_step(candidate, inputs, loss_fn),
-                                 lambda: training_step(plain, inputs, loss_fn), repeats, warmup, inputs.first.device)
-    return mc / mp - 1.0, mc, mp
+    return paired_overhead(lambda: training_step(candidate, inputs, loss_fn),
+                           lambda: training_step(plain, inputs, loss_fn), repeats, warmup, inputs.first.device)
 
 
 def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:

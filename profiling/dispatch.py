@@ -158,14 +158,14 @@ def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, ref
     put one schedule at +9 % to +17 % over plain PyTorch in six measurements in a row, these paired
     ratios at +10 % to +13 %.  The caller warms them up and holds `restored` and the autocast
     context."""
-    from monet.profiling.check import interleaved_times_of, training_step
+    from monet.profiling.check import interleaved_times_of, paired_ratio, training_step
 
     steps = [lambda m=m: training_step(m, inputs) for m in modules]
     turns = [interleaved_times_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
     times = np.concatenate([np.asarray(t, dtype=float) for t in turns], axis=1)  # (modules, turns)
     ref = times[reference]
     median_ref = float(np.median(ref))
-    return tuple(median_ref if i == reference else median_ref * float(np.median(t / ref)) for i, t in enumerate(times))
+    return tuple(median_ref if i == reference else median_ref * paired_ratio(t, ref) for i, t in enumerate(times))
 
 
 def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:

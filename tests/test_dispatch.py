@@ -222,3 +222,33 @@ def test_paired_medians_set_each_iteration_against_the_reference_of_its_turn(mon
     m, k, p = paired_medians((None, None, None), None, repeats=5, rounds=1, reference=1)
     assert k == pytest.approx(1.0)  # the reference's median
     assert m / k == pytest.approx(1.2) and p / k == pytest.approx(0.9)
+
+
+def test_the_table_overhead_sets_each_iteration_against_plain_pytorch_of_its_turn(monkeypatch):
+    """`check.step_overhead` / `check.overhead`: a slowdown caught by three of the schedule's five
+    iterations and two of plain PyTorch's puts the medians taken apart at 3x, the ratios of each
+    turn at the schedule's 1.25x."""
+    from monet.profiling import check
+
+    def times(steps, repeats, warmup, device):
+        assert len(steps) == 2 and repeats == 5
+        return [[1.25 * v for v in (3.0, 3.0, 3.0, 1.0, 1.0)], [3.0, 3.0, 1.0, 1.0, 1.0]]
+
+    monkeypatch.setattr(check, "interleaved_times_of", times)
+    frac, mc, mp = check.paired_overhead(None, None, repeats=5)
+    assert frac == pytest.approx(0.25) and (mc, mp) == (3.75, 1.0)  # the medians themselves, as measured
+    x = torch.zeros(2, 3)
+    frac, _, _ = check.overhead(torch.nn.Identity(), torch.nn.Identity(), x, None, repeats=5)
+    assert frac == pytest.approx(0.25)
+
+
+def test_paired_ratio_refuses_lists_it_cannot_pair():
+    from monet.profiling.check import paired_ratio
+
+    assert paired_ratio([2.0, 3.0, 9.0], [1.0, 1.0, 3.0]) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="one length"):
+        paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="one length"):
+        paired_ratio([], [])
+    with pytest.raises(ValueError, match="not positive"):
+        paired_ratio([1.0], [0.0])

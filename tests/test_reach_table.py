@@ -76,3 +76,12 @@ def test_the_cost_models_own_prediction_is_counted_beside_the_calibrated_one():
     text = rt.prediction_table(res)
     assert "2 of 2 MONeT schedules" in text and "1 of 2 were" in text and "+20.0 % (9.0)" in text
     assert "Before calibration" not in rt.prediction_table([_result("b", 0.5, normal=(0.1, 0.1))])
+
+
+def test_a_model_measured_in_its_own_process_comes_back_as_its_row():
+    # the row is made in a spawned child and returned to this process; what went wrong there (here
+    # a name the suite does not know) is the row's error, not a crash of the table
+    args = rt.parse_args(["--models", "zoo/vgg16", "--no-peers"])
+    res = rt.in_own_process("no/such-model", 3, args, log=lambda _m: None)
+    assert isinstance(res, rt.Result) and (res.model, res.batch) == ("no/such-model", 3)
+    assert "no/such-model" in res.error and res.seconds > 0
