@@ -44,7 +44,8 @@ class MethodResult:
     Attributes:
         method: its name in the table.
         peak_bytes: measured peak of one training iteration (`check.step_peak`), bytes.
-        overhead: median iteration time / plain PyTorch's - 1, interleaved (`check.step_overhead`).
+        overhead: iteration time / plain PyTorch's - 1, interleaved, the median of each turn's
+            ratio (`check.step_overhead`).
         median_s: its median iteration time, seconds.
         bitwise: losses and first-step gradients equal plain PyTorch's bit for bit.
         grad_error: largest relative gradient difference from plain PyTorch (`check.max_rel_diff`).

@@ -31,7 +31,7 @@ plain PyTorch from the same weights and data: plain PyTorch, Chen's sqrt(n) chec
 and monet at each budget.
 
 Columns: the measured peak of one training iteration (allocator level) and its share of plain
-PyTorch's; the overhead (median iteration time over plain PyTorch's, interleaved, minus 1); the
+PyTorch's; the overhead (iteration time over plain PyTorch's, interleaved: the median of each turn's ratio, minus 1); the
 gradient check (losses of --steps SGD steps and the first step's gradients: "bitwise" when equal
 to plain PyTorch's bit for bit, else the largest relative gradient difference of one tensor); for
 monet the budget and the solver's predicted peak. The frontier (peak on x, overhead on y) goes
@@ -74,7 +74,7 @@ def add_arguments(p) -> None:
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET, metavar="F",
                    help="torch.compile's activation_memory_budget, in [0, 1]")
     p.add_argument("--steps", type=int, default=3, help="SGD steps of the gradient check")
-    p.add_argument("--repeats", type=int, default=7, help="timed iterations of each method for the overhead (interleaved with plain PyTorch; the median is taken)")
+    p.add_argument("--repeats", type=int, default=7, help="timed iterations of each method for the overhead (interleaved with plain PyTorch; the median of each turn's ratio is taken)")
     # 10 s: with measured CPU costs a 5 s solve at 40 % left a +186 % schedule (1233 recomputations)
     # where 10 s finds +34 % (138)
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
