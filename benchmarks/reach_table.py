@@ -207,7 +207,8 @@ def bench_model(res: Result, args, log, save) -> None:
             m.predicted_overhead = sol.meta.predicted_overhead()
             calibrated = sol.meta.cost_source.rpartition("+calibrated ")[2] if "+calibrated " in sol.meta.cost_source else ""
             m.note = (f"{sol.schedule.recompute_count()} recomputations, {sol.meta.status}"
-                      + (f", recomputation calibrated {calibrated}" if calibrated else ""))
+                      + (f", recomputation calibrated {calibrated}" if calibrated else "")
+                      + (", timed (too little recomputation to calibrate)" if sol.meta.cost_source.endswith("+timed") else ""))
             wrapped = plan.wrap(sol, b.fresh())
             b.measure(f"MONeT {mode}", wrapped, inputs, res.repeats, m)
             # the same schedule again: how far two measurements in a row differ is the resolution

@@ -185,6 +185,25 @@ def test_a_measurement_that_agrees_keeps_the_schedule(plan, budget, monkeypatch)
                             lambda _c: pytest.fail("solved again"), keep=object()) is everything
 
 
+def test_too_little_recomputation_to_calibrate_is_timed_and_predicted_as_measured(plan, budget, monkeypatch):
+    """A schedule whose recomputation is under `FACTOR_FLOOR` of the iteration gives no ratio, but
+    its iteration and plain PyTorch's are still those of the occasion: it is predicted as timed
+    (the executor's own time over plain PyTorch's moved 2-5 points between occasions), not solved
+    again."""
+    sol = _solve(plan, plan.costs, budget)
+    total = plan.costs.total_time
+    monkeypatch.setattr(calibration, "recompute_seconds", lambda *a, **k: FACTOR_FLOOR / 2 * total)
+    k = 0.02
+    monkeypatch.setattr(calibration, "measure_schedule", lambda *a, **kw: (1.03 * k, k, k / 1.05))
+    out = calibrated_solve(plan.module, plan.inputs, plan.graph, plan.costs, sol,
+                           lambda _c: pytest.fail("solved again"), keep=object())
+    assert out.schedule is sol.schedule and out.meta.cost_source.endswith("+timed")
+    assert out.meta.objective_s == pytest.approx(1.03 * total)
+    assert out.meta.eager_time_s == pytest.approx(total / 1.05)
+    assert out.meta.predicted_overhead() == pytest.approx(1.03 * 1.05 - 1)
+    assert out.meta.bound_s is None or out.meta.bound_s <= out.meta.objective_s
+
+
 def test_plan_calibrates_measured_cpu_costs_only(plan, budget, monkeypatch):
     assert not plan.calibrates  # analytic costs: nothing measured to calibrate
     timed = []
