@@ -449,8 +449,23 @@ def run_model(res: Result, args, log, save) -> Result:
     return res
 
 
+def _exit_with_parent() -> None:
+    """In a child process: end it when its parent ends (a parent killed on its own, as ``pkill -f
+    reach_table.py`` does, left its child timing a model beside the next run's)."""
+    import multiprocessing
+    import os
+    import threading
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (wait([parent.sentinel]), os._exit(1)), daemon=True,
+                         name="exit-with-parent").start()
+
+
 def _child(name: str, batch: int, args) -> Result:
     """`run_model` in a child process: its own progress log, its row returned to the parent."""
+    _exit_with_parent()
     return run_model(Result(name, batch=batch), args, bench.Log(), lambda finished=False: None)
 
 
