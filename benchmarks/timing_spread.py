@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
     from monet.plan import prepare
     from monet.profiling import calibration, dispatch
-    from monet.profiling.check import interleaved_times_of, paired_ratio, training_step
+    from monet.profiling.check import step_overhead, training_step
     from monet.solver.solve import min_budget
 
     if args.shared:
@@ -67,13 +67,10 @@ def main(argv=None) -> int:
     rows = []
     for i in range(args.times):
         m, k, p = calibration.measure_schedule(plan.module, plan.inputs, plan.graph, sol, keep)
-        # the table's timing (`check.step_overhead`: the schedule and a separate plain copy in turn,
-        # one warm-up each), read both ways: the median of each turn's ratio, and the two medians apart
-        tc, tp = interleaved_times_of((lambda: training_step(wrapped, plan.inputs),
-                                       lambda: training_step(b.plain, plan.inputs)), repeats, 1, "cpu")
+        # the table's timing, read both ways: the median of each turn's ratio, and the two medians apart
+        table, mc, mp = step_overhead(b.plain, wrapped, plan.inputs, repeats=repeats)
         rows.append({"timing": i + 1, "plain s": round(p, 4), "M/K %": 100 * (m / k - 1), "K/P %": 100 * (k / p - 1),
-                     "M/P %": 100 * (m / p - 1), "table M/P %": 100 * (paired_ratio(tc, tp) - 1),
-                     "table medians %": 100 * (pd.Series(tc).median() / pd.Series(tp).median() - 1)})
+                     "M/P %": 100 * (m / p - 1), "table M/P %": 100 * table, "table medians %": 100 * (mc / mp - 1)})
         print(f"timing {i + 1} of {args.times}: M/P {rows[-1]['M/P %']:+.1f} %, table {rows[-1]['table M/P %']:+.1f} %",
               file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)

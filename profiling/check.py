@@ -6,10 +6,10 @@ any inputs `monet.inputs.ExampleInputs.of` takes (keyword arguments of a languag
 model whose output is not a tensor (a ``ModelOutput`` or dict with a ``loss``) has ``g = None``
 (`output_grad`) and is trained through ``loss_of(y).backward()``.  Peak memory is
 measured at the allocator (`monet.profiling.memory.measure_peak`) and includes parameters,
-buffers, the input and ``g``.  Overhead is the median iteration time of the schedule divided by the
-median of plain PyTorch, measured in one process, interleaved, after warm-up, minus 1; since
-2026-11-26 each schedule iteration is divided by the plain one of its turn and the median of those
-ratios taken (`paired_overhead`), which a drift of the machine's speed between turns leaves alone.
+buffers, the input and ``g``.  Overhead is measured in one process, the schedule and plain PyTorch
+interleaved after warm-up: the median over the turns of the schedule's iteration time over plain
+PyTorch's of the same turn, minus 1 (`paired_overhead`), which a drift of the machine's speed
+between turns leaves alone.
 
 Mixed precision: every function takes ``autocast``, a setting of `monet.mixed_precision` (None, or
 ``("cpu", "bfloat16")`` ...); the forward pass then runs inside ``torch.autocast`` and the backward
