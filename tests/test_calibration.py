@@ -178,11 +178,15 @@ def test_a_measurement_that_agrees_keeps_the_schedule(plan, budget, monkeypatch)
     assert out.meta.objective_s == pytest.approx(sol.meta.objective_s + RATIO_TOLERANCE / 3 * recompute)
     assert out.meta.eager_time_s == pytest.approx(plan.costs.total_time / 1.05)
     assert out.meta.cost_source.endswith(f"calibrated x{1 + RATIO_TOLERANCE / 3:.2f}")
-    # nothing recomputed: nothing to time
+    # nothing recomputed: the executor keeping everything, timed and predicted as measured
     everything = _solve(plan, plan.costs, plan.eager_peak_bytes)
-    monkeypatch.setattr(calibration, "measure_schedule", lambda *a, **k: pytest.fail("timed"))
-    assert calibrated_solve(plan.module, plan.inputs, plan.graph, plan.costs, everything,
-                            lambda _c: pytest.fail("solved again"), keep=object()) is everything
+    assert everything.schedule.recompute_count() == 0 and not everything.schedule.impl
+    k = 0.02
+    monkeypatch.setattr(calibration, "measure_schedule", lambda *a, **kw: (k, k, k / 1.04))
+    out = calibrated_solve(plan.module, plan.inputs, plan.graph, plan.costs, everything,
+                           lambda _c: pytest.fail("solved again"), keep=object())
+    assert out.schedule is everything.schedule and out.meta.cost_source.endswith("+timed")
+    assert out.meta.predicted_overhead() == pytest.approx(0.04)
 
 
 def test_too_little_recomputation_to_calibrate_is_timed_and_predicted_as_measured(plan, budget, monkeypatch):
