@@ -40,6 +40,12 @@ from monet.profiling.costs import CostArrays
 #: measure a ratio, the schedule is timed but not calibrated (`calibrated_solve`)
 RATIO_MIN, RATIO_MAX, RATIO_TOLERANCE = 0.5, 2.0, 0.03
 
+#: least timed turns per round of `measure_schedule` (of `dispatch.FACTOR_ROUNDS`): a schedule of
+#: half-second iterations otherwise got `dispatch.REPEATS` (5) a round, and zoo VGG-16's full-mode
+#: schedule (+600 %, 0.5 s) then measured +602 % to +663 % in three timings within minutes, where
+#: the table's timing (57 turns) read +630 % to +661 % (`benchmarks/timing_spread.py zoo/vgg16 --mode full`)
+MIN_TURNS = 10
+
 
 def recompute_seconds(graph, costs: CostArrays, solution, device: str = "cpu", cost_fn=None) -> float:
     """Predicted seconds of ``solution``'s recomputations: ``fwd_recompute @ R.sum(0)`` (R (T, N):
@@ -125,7 +131,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     median ratio to ``P`` within a turn (`dispatch.paired_medians`), under the
     autocast setting ``graph`` was captured with; ``model`` is left as it was
     (`dispatch.restored`).  ``repeats``: timed iterations per side and round (None: about
-    `dispatch.TARGET_S` seconds of the schedule's).
+    `dispatch.TARGET_S` seconds of the schedule's, at least `MIN_TURNS`).
 
     Plain PyTorch is the reference because the predicted overhead is ``M / P - 1``
     (`calibrated_solve`: ``total_time * (M / K)`` over ``total_time * (P / K)``), so it is
@@ -140,7 +146,8 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     inputs = ExampleInputs.of(inputs)
     scheduled = timed_executor(model, solution)
     with restored(model), mixed_precision.context(graph.autocast):
-        repeats = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
+        turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
+        repeats = max(MIN_TURNS, turns) if repeats is None else turns
         return paired_medians((scheduled, keep, model), inputs, repeats, reference=2)
 
 
@@ -234,5 +241,5 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     return first
 
 
-__all__ = ["RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
+__all__ = ["MIN_TURNS", "RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
            "plain_reference_s", "recompute_seconds", "scaled_costs"]

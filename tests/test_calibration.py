@@ -279,3 +279,17 @@ def test_measure_schedule_pairs_each_turn_with_plain_pytorch(plan, budget, monke
     assert m / p == pytest.approx(1.2) and k / p == pytest.approx(1.1)
     assert (m / k) / (p / k) != pytest.approx(np.median(np.divide(turns["M"], turns["K"]))
                                                / np.median(np.divide(turns["P"], turns["K"])))
+
+
+def test_measure_schedule_times_at_least_min_turns(plan, budget, monkeypatch):
+    """A schedule of long iterations still gets `MIN_TURNS` turns a round; repeats asked for are kept."""
+    from monet.profiling import dispatch
+
+    sol = _solve(plan, plan.costs, budget)
+    keep = keep_all(plan.module, plan.inputs, plan.graph, plan.costs)
+    asked = []
+    monkeypatch.setattr(dispatch, "warm_up", lambda modules, ref, inputs, repeats, warmup: repeats or 5)
+    monkeypatch.setattr(dispatch, "paired_medians", lambda modules, inputs, repeats, **k: asked.append(repeats) or (1, 1, 1))
+    measure_schedule(plan.module, plan.inputs, plan.graph, sol, keep)
+    measure_schedule(plan.module, plan.inputs, plan.graph, sol, keep, repeats=2)
+    assert asked == [calibration.MIN_TURNS, 2] and calibration.MIN_TURNS > 5
