@@ -5,7 +5,7 @@ factor per graph (`monet.profiling.dispatch.recompute_factor`), measured once on
 schedule.  On a shared CPU that factor, measured on one schedule on one occasion, did not hold for
 another schedule on another occasion: torchvision's EfficientNet-B0 measured 0.99 one day and 0.75
 the next, and its 50 % schedules were then predicted 8-11 points under their measured overhead
-(BENCHMARKS.md, "Real models", run of 2026-11-26 03:12).  So where the costs are measured on the
+(BENCHMARKS.md, "Earlier readings cited in the code").  So where the costs are measured on the
 CPU, `calibrated_solve` times the solved schedule itself against the executor keeping everything
 and plain PyTorch (interleaved, each iteration set against plain PyTorch's of its turn:
 `dispatch.paired_medians`), takes the ratio of its measured
@@ -139,7 +139,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     BENCHMARKS tables measure (`monet.profiling.check.paired_overhead`).  With ``K`` as the
     reference it was ``median(M / K) / median(P / K)``: +29.7 % to +34.5 % in four timings of
     the zoo's UNet normal-mode schedule where the paired ``median(M / P)`` of the table read
-    +22.9 % to +31.6 % in twelve (BENCHMARKS.md, "Real models", reading of 2026-11-26 13:53)."""
+    +22.9 % to +31.6 % in twelve (BENCHMARKS.md, "Earlier readings cited in the code")."""
     from monet.inputs import ExampleInputs
     from monet.profiling.dispatch import WARMUP, paired_medians, restored, timed_executor, warm_up
 
@@ -172,7 +172,7 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     measured +1.9 %).  So is a schedule that recomputes nothing and runs PyTorch's
     implementations (the executor keeping everything): its predicted overhead is the executor's
     own time over plain PyTorch's on this occasion (zoo VGG-16's, cached at costing, was +2.3 %
-    where the table measured -6.2 % and +1.8 %).
+    where the table measured -6.2 % and +1.8 %; BENCHMARKS.md, "Earlier readings cited in the code").
 
     Args:
         model, inputs: the module ``graph`` was captured from and its example inputs.

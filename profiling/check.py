@@ -254,7 +254,7 @@ def paired_overhead(iterate, iterate_plain, repeats: int = 5, warmup: int = 1, d
     (`interleaved_times_of`), the overhead the median over those turns of ``iterate``'s time over
     ``iterate_plain``'s of the same turn, minus 1 (`paired_ratio`).  The ratio of the two medians
     taken apart, as before 2026-11-26, put one schedule at +8.2 % and, 10 s later, +29.6 % on this
-    project's shared CPU (BENCHMARKS.md, "Real models", MobileNetV3-Small)."""
+    project's shared CPU (BENCHMARKS.md, "Earlier readings cited in the code")."""
     t, tp = interleaved_times_of((iterate, iterate_plain), repeats, warmup, device)
     return paired_ratio(t, tp) - 1.0, statistics.median(t), statistics.median(tp)
 
