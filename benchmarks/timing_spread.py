@@ -1,7 +1,7 @@
 """How much one solved schedule's measured overhead moves when it is timed again and again on the CPU.
 
 Solves one model of `reach_table.py` (a reach model or ``zoo/<name>``, at that table's batch) at its
-budget (50 % of the simulated plain peak, or the smallest feasible budget when that is higher;
+budget (`reach_table.table_budget`;
 uncalibrated, 8 s), then times that one schedule ``--times`` times in a row, each time in two
 ways: the solve-time calibration's (`monet.profiling.calibration.measure_schedule`: the schedule
 ``M`` against the executor keeping everything ``K`` and plain PyTorch ``P``, paired per turn) and
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     plan = prepare(copy.deepcopy(b.model), b.raw_inputs, cost="hybrid", progress=False, **kw)
     mode = plan.mode_for(rt.FULL_MODE if args.mode == "full" else "normal")
     least, _ = min_budget(plan.graph, plan.costs, mode, time_limit=8, device=plan.device, cost_fn=plan.cost_fn)
-    budget = max(int(rt.FRACTION * plan.eager_peak_bytes), least)
+    budget = rt.table_budget(plan.eager_peak_bytes, least)
     sol = plan.solve(budget, mode=mode, time_limit=8, if_infeasible="smallest", calibrate=False)
     keep = dispatch.keep_all(plan.module, plan.inputs, plan.graph, plan.costs)
     wrapped = plan.wrap(sol, b.fresh())

@@ -85,3 +85,14 @@ def test_a_model_measured_in_its_own_process_comes_back_as_its_row():
     res = rt.in_own_process("no/such-model", 3, args, log=lambda _m: None)
     assert isinstance(res, rt.Result) and (res.model, res.batch) == ("no/such-model", 3)
     assert "no/such-model" in res.error and res.seconds > 0
+
+
+def test_the_table_solves_at_half_the_plain_peak_or_above_the_smallest_budget():
+    assert rt.table_budget(1000, 300) == 500  # 50 % is feasible
+    assert rt.table_budget(1000, 510) == 560  # not at the frontier's degenerate end
+    assert rt.table_budget(1000, 980) == 1000  # never above the plain peak ...
+    assert rt.table_budget(1000, 1004) == 1004  # ... unless the smallest budget is
+    r = rt.Result("a", batch=4, plain_sim=1000)
+    r.smallest = {"normal": (300, True), "full": (510, False)}
+    r.budget = {"normal": 500, "full": 560}
+    assert rt._budget(r) == "normal 0.50, full 0.56 (smallest + 0.05)"
