@@ -337,11 +337,10 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     note = loss_outside_note(graph, eager)
     if note:
         warnings.warn(note, stacklevel=2)
-    from monet.profiling.sources import measures_times
+    from monet.profiling import calibration
 
-    device_type = device.split(":")[0]
-    return Plan(module, inputs, graph, costs, cost_fn, eager, device_type, name, progress,
-                calibrates=device_type == "cpu" and measures_times(cost, device))
+    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress,
+                calibrates=calibration.applies(cost, device))
 
 
 __all__ = ["LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -149,8 +149,7 @@ def run(args) -> int:
     from monet.impls import mode_tokens
     from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
     from monet.plan import loss_outside_note
-    from monet.profiling.calibration import calibrated_solve
-    from monet.profiling.sources import measures_times
+    from monet.profiling.calibration import applies as calibrates, calibrated_solve
 
     with reported():
         mode_tokens(args.mode)
@@ -209,7 +208,7 @@ def run(args) -> int:
             kw = dict(solver=args.solver, time_limit=args.time_limit, info=info, device=device.split(":")[0],
                       cost_fn=cost_fn, progress=log, gap=args.gap, offload_bandwidth=bandwidth)
             sol = solve(graph, costs, budget, args.mode, **kw)
-            if args.calibrate and device == "cpu" and measures_times(args.cost, device):
+            if args.calibrate and calibrates(args.cost, device):
                 first = sol
                 sol = calibrated_solve(model, x, graph, costs, first,
                                        lambda scaled: solve(graph, scaled, first.meta.budget_bytes, args.mode, **kw),
