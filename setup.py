@@ -16,13 +16,14 @@ setup(
     },
     package_data={"monet.zoo": ["profiles/*", "schedules/*", "index.json"]},
     install_requires=[
-        # A range, not a pin, so that `pip install -e .` keeps a GPU machine's own CUDA torch.  The
-        # executor imports private AOTAutograd modules (torch._functorch._aot_autograd.descriptors,
-        # partitioner helpers) that move between releases: the upper bound stops at the newest
-        # release tested (2.13.0, the only one tested here); the lower bound admits the two before it.
-        # The README's commands still say `torch==2.13.0`, which makes pip take this project's CPU
-        # build instead of the newest release with several GB of CUDA wheels.
-        "torch>=2.11,<2.14",
+        # A range, not a pin, so that `pip install -e .` keeps a GPU machine's own CUDA torch.  Every
+        # admitted release was run (README, "Tested PyTorch releases"): 2.11.0, 2.13.0, 2.14.1 and
+        # 2.15.0.  What moves between them (AOTAutograd's partitioner helpers, Dynamo's export,
+        # backend flags, the profiler's event tree) is in monet/compat.py, whose SUPPORTED range is
+        # this one (tests/test_compat.py checks both agree).  The README's commands still say
+        # `torch==2.13.0`, which makes pip take this project's CPU build instead of the newest
+        # release with several GB of CUDA wheels.
+        "torch>=2.11,<2.16",
         "numpy",
         "pandas",
         "cvxpy",

@@ -332,7 +332,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
         peer = None
         _release()
         save()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     if res.plain_medians:
         res.plain_time = plain_row.median_s = statistics.median(res.plain_medians)
     res.seconds = time.perf_counter() - t_model

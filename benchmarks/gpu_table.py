@@ -362,7 +362,7 @@ def step_measure(cfg: Config, args, log: Log) -> dict:
         gc.collect()
         save()
     if args.compile_budgets:
-        torch._dynamo.reset()
+        torch.compiler.reset()
     res["finished"] = True
     save()
     return res

@@ -271,7 +271,7 @@ def bench_model(res: Result, args, log, save) -> None:
     except Exception as e:  # noqa: BLE001
         res.compiled.note = error_text(e) + (f" (peaks measured: {peaks})" if peaks else "")
         log(f"  torch.compile failed: {res.compiled.note}")
-    torch._dynamo.reset()
+    torch.compiler.reset()
     _release()
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import operator
 
 import torch.fx as fx
-from torch.fx.graph import _BoxedCodeGen
 
+from monet import compat
 from monet.graph import OpGraph, TANGENT, is_alias
 from monet import offload as offload_ops
 from monet.inplace import make_inplace
@@ -247,10 +247,6 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     Raises:
         ScheduleError: see `emit_backward`.
     """
-    from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
-    from torch._functorch.partitioners import (_extract_fwd_bwd_outputs, _extract_graph_with_inputs_outputs,
-                                               _is_primal, _is_tangent)
-
     joint = graph.joint
     nodes = _by_name(joint)
     body, saved, ph = emit_backward(graph, schedule)
@@ -261,17 +257,14 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     states = [s for s in saved if s.startswith(STATE_PREFIX)]  # generator states (`monet.rng`)
     checked = [s for s in saved if s not in unchecked and s not in states]
     saved = checked + states + unchecked
-    fwd_outputs, _, fwd_descs, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=graph.num_fwd_outputs)
-    placeholders = list(joint.graph.find_nodes(op="placeholder"))
-    primals = [p for p in placeholders if _is_primal(p)]
-    tangents = [p for p in placeholders if _is_tangent(p)]
+    fwd_outputs, fwd_descs = compat.forward_outputs(joint, graph.num_fwd_outputs)
+    primals, tangents = compat.primals_and_tangents(joint)
     saved_nodes = [nodes[s] for s in checked + unchecked]
-    fw_graph = _extract_graph_with_inputs_outputs(
-        joint.graph, primals, fwd_outputs + saved_nodes,
-        fwd_descs + [SavedForBackwardsAOTOutput(i) for i in range(len(saved_nodes))], "forward")
+    fw_graph = compat.extract_subgraph(joint.graph, primals, fwd_outputs + saved_nodes,
+                                       fwd_descs + compat.saved_for_backward_descs(len(saved_nodes)), "forward")
     for n in fw_graph.find_nodes(op="placeholder"):
         if n.name in unchecked:
-            n.meta["saved_tensor_with_no_vc_check"] = True
+            n.meta[compat.NO_VERSION_CHECK] = True
     if states:  # save each recomputed random op's generator state right before it runs
         by_name = {n.name: n for n in fw_graph.nodes}
         state_nodes = []
@@ -285,7 +278,7 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
         at = len(fwd_outputs) + len(checked)
         vals[at:at] = state_nodes
         out.args = (tuple(vals),)
-        out.meta["desc"] = fwd_descs + [SavedForBackwardsAOTOutput(i) for i in range(len(saved))]
+        out.meta["desc"] = fwd_descs + compat.saved_for_backward_descs(len(saved))
 
     host = [s for s in saved if ph[s].meta.get("monet_host")]
     if host:
@@ -304,7 +297,7 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     if schedule.inplace:
         make_inplace(fw_graph)
         make_inplace(bw_graph)
-    bw_graph.set_codegen(_BoxedCodeGen())
+    bw_graph.set_codegen(compat.boxed_codegen())
     fw = fx.GraphModule(joint, fw_graph)
     bw = fx.GraphModule(joint, bw_graph)
     return fw, bw

@@ -28,8 +28,7 @@ import logging
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch._functorch.aot_autograd import aot_module
-
+from monet import compat
 from monet.inputs import ExampleInputs
 
 
@@ -190,7 +189,7 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
         CaptureError: a graph break, a data-dependent branch, an output Dynamo cannot return (a
             transformers cache: the message says ``use_cache=False``), or a model compiled already.
     """
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+    if compat.is_compiled_module(model):
         raise CaptureError("the model is a torch.compile result: pass the original model "
                            "(`model._orig_mod`)")
     refusal = fsdp_refusal(model)
@@ -200,12 +199,9 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
     # exports of one model class (eight wrappers, or tests) Dynamo's recompile limit would refuse the
     # ninth.  Nothing runs from those entries (the exported module is run, not the cache), so the
     # limit is lifted for the export and the entries are dropped after it (`_forget`).
-    patch = torch._dynamo.config.patch(
-        ignore_logging_functions=set(torch._dynamo.config.ignore_logging_functions) | _logging_functions(),
-        recompile_limit=1 << 20, accumulated_recompile_limit=1 << 20)
     try:
-        with patch, _train_mode(model), _fsdp_managed_as_plain(model):
-            gm, _guards = torch._dynamo.export(model, aten_graph=False)(*inputs.args, **inputs.kwargs)
+        with _train_mode(model), _fsdp_managed_as_plain(model):
+            gm = compat.dynamo_export(model, inputs.args, inputs.kwargs, _logging_functions())
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with what failed and the fix
@@ -221,16 +217,13 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
 def _forget(model: nn.Module) -> None:
     """Drop Dynamo's cache entries on the code objects of ``model``'s forward (and the functions it
     wraps: transformers decorates its forwards), which `export` left."""
-    reset_code = getattr(torch._C._dynamo.eval_frame, "reset_code", None)
-    if reset_code is None:
-        return
     fn = type(model).forward
     seen = set()
     while fn is not None and id(fn) not in seen:
         seen.add(id(fn))
         code = getattr(fn, "__code__", None)
         if code is not None:
-            reset_code(code)
+            compat.forget_code(code)
         fn = getattr(fn, "__wrapped__", None)
 
 
@@ -262,10 +255,7 @@ def kinds_by_name(joint: fx.GraphModule, kinds: list[str]) -> dict[str, str]:
 
 def trace(gm: nn.Module, partition_fn, fw_compiler=None, bw_compiler=None) -> nn.Module:
     """``aot_module(gm)`` with ``partition_fn`` (it receives the joint graph on the first call)."""
-    from functorch.compile import make_boxed_compiler, nop
-
-    return aot_module(gm, fw_compiler=fw_compiler or make_boxed_compiler(nop),
-                      bw_compiler=bw_compiler or make_boxed_compiler(nop), partition_fn=partition_fn)
+    return compat.aot_module(gm, partition_fn, fw_compiler, bw_compiler)
 
 
 def _user_frame(e: BaseException) -> str:

@@ -12,15 +12,14 @@ from monet.executor import build_modules
 from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
                             primal_sources, trace)
 from monet.graph import build_opgraph
-from monet import mixed_precision
+from monet import compat, mixed_precision
 from monet.inputs import ExampleInputs
 from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
                             check_compatible, load_solution)
 
 
 def _boxed_forward(gm, _example_inputs):
-    from functorch.compile import make_boxed_func
-    return make_boxed_func(gm.forward)
+    return compat.boxed_function(gm.forward)
 
 
 def _boxed_backward(gm, _example_inputs):
@@ -177,7 +176,7 @@ class MONeTWrapper(nn.Module):
 
     def __init__(self, model: nn.Module, solution, input_shape=None):
         super().__init__()
-        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        if compat.is_compiled_module(model):
             raise TypeError("MONeTWrapper needs the original model, not a torch.compile result: wrap "
                             "`model._orig_mod` (or the model before torch.compile); to compile, pass the "
                             "wrapper or a module containing it to torch.compile: the scheduled training "

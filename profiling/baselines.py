@@ -82,6 +82,8 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
+from monet.compat import activation_memory_budget
+
 __all__ = ["SEGMENTATIONS", "sequential_units", "ChenCheckpointed", "chen_sqrt_checkpoint", "chen_checkpoint",
            "checkpoint_blocks", "CompiledWithBudget", "compile_with_activation_budget"]
 
@@ -363,7 +365,7 @@ class CompiledWithBudget(nn.Module):
 
     Every call runs inside ``torch._functorch.config.patch(activation_memory_budget=budget)``, so
     the first call's compilation -- and any later recompilation -- partitions the joint graph
-    with this budget.  ``torch._dynamo.reset()`` is called on construction so that no graph
+    with this budget.  ``torch.compiler.reset()`` is called on construction so that no graph
     compiled under another budget is reused (it clears dynamo's caches for every compiled
     module in the process).
     """
@@ -373,12 +375,12 @@ class CompiledWithBudget(nn.Module):
         if not (0.0 <= float(budget) <= 1.0):
             raise ValueError(f"activation_memory_budget must lie in [0, 1], got {budget}")
         self.budget = float(budget)
-        torch._dynamo.reset()
+        torch.compiler.reset()
         self.model = model
         self.compiled = torch.compile(model, backend="aot_eager_decomp_partition")
 
     def forward(self, *args, **kwargs):
-        with torch._functorch.config.patch(activation_memory_budget=self.budget):
+        with activation_memory_budget(self.budget):
             return self.compiled(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -200,8 +200,9 @@ def cpu_allocation_events(fn: Callable[[], Any]) -> list[tuple[int, int, int]]:
     during the call are dropped (see the module docstring), so the running sum of
     ``signed_bytes`` is the memory the call added on top of what was live at its start.
     """
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
+
+    from monet.compat import allocation_events
 
     with profile(
         activities=[ProfilerActivity.CPU],
@@ -212,23 +213,10 @@ def cpu_allocation_events(fn: Callable[[], Any]) -> list[tuple[int, int, int]]:
         result = fn()
         del result
 
-    try:
-        roots = prof.profiler.kineto_results.experimental_event_tree()
-    except AttributeError as exc:  # private API: fail loudly if it ever moves
-        raise RuntimeError(
-            "torch.profiler no longer exposes kineto_results.experimental_event_tree(); "
-            "monet.profiling.memory needs updating for this torch version"
-        ) from exc
-
     raw: list[tuple[int, int, int, int]] = []  # (time, traversal order, bytes, ptr)
-    stack = list(reversed(roots))
-    while stack:  # depth-first, children in order; the order breaks timestamp ties
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            ef = node.extra_fields
-            if ef.device.type == "cpu" and ef.alloc_size != 0:
-                raw.append((node.start_time_ns, len(raw), int(ef.alloc_size), int(ef.ptr)))
-        stack.extend(reversed(node.children))
+    for t, nbytes, ptr, device in allocation_events(prof):  # the tree order breaks timestamp ties
+        if device == "cpu" and nbytes != 0:
+            raw.append((t, len(raw), nbytes, ptr))
     raw.sort()
 
     events: list[tuple[int, int, int]] = []

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._subclasses import FakeTensorMode
 
+from monet.compat import fake_mode as FakeTensorMode
 from monet.graph import is_random
 from monet.impls.activation import hardtanh_mask_forward, mask_backward, relu_mask_forward
 from monet.impls.batchnorm import ZeroGammaError, batch_norm_backward_from_output

@@ -89,7 +89,7 @@ def test_reach(name, mode, tmp_path_factory):
     assert chk.grad_rel_error(grads_w, grads_p) <= GRAD_TOLERANCE
     assert torch.allclose(torch.stack(losses_w), torch.stack(losses_p), rtol=1e-5, atol=0)
     if mode == "normal" or not sol.schedule.impl:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         losses_c, grads_c = chk.train_losses(torch.compile(fresh(), backend="aot_eager"), inputs)
         assert all(torch.equal(grads_w[k], grads_c[k]) for k in grads_c), chk.grad_rel_error(grads_w, grads_c)
         assert all(torch.equal(a, b) for a, b in zip(losses_w, losses_c)), (losses_w, losses_c)

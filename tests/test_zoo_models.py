@@ -203,7 +203,8 @@ def test_aot_module_capture(name):
     """Zoo models trace under AOTAutograd (the capture path) in training mode: in-place ReLU and
     ReLU6, the tied GPT-2 head, and gradients that match eager mode. GoogLeNet is left out to keep
     the suite fast: it has no width knob, its trace takes seconds, and it adds no new kind of op."""
-    from functorch.compile import aot_module, make_boxed_func
+    from monet.compat import boxed_function as make_boxed_func
+    from torch._functorch.aot_autograd import aot_module  # as torch.compile's users call it
 
     kwargs, shape, input_kwargs = TINY[name]
     torch.manual_seed(0)

@@ -261,7 +261,7 @@ def run(args) -> int:
                 log(f"  {r.method}: {r.note}")
                 continue
             measure_method(r, candidate, plain, reference, inputs, args.steps, args.repeats, loss_of, log)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     ordered = [base, chen[0], compiled[0], *(r for r, _ in schedules)]
 
     print()

@@ -5,6 +5,8 @@ kept: x_hat = (y - bias) / weight.
 """
 import torch
 
+from monet import compat
+
 _ZERO_GAMMA_HINT = ("the output-activated BatchNorm backward cannot recover its input when gamma == 0; "
                     "re-solve without the 'multiway' mode token (e.g. --mode inplace_conv_newnode) "
                     "or initialise BatchNorm weights to non-zero values")
@@ -15,7 +17,7 @@ class ZeroGammaError(RuntimeError):
 
 
 def _check_weight(weight: torch.Tensor) -> None:
-    if isinstance(weight, torch._subclasses.fake_tensor.FakeTensor) or weight.device.type == "meta":
+    if compat.is_fake(weight) or weight.device.type == "meta":
         return
     if weight.device.type == "cpu":
         zero = int((weight == 0).sum())

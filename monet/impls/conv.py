@@ -1,29 +1,24 @@
 """Convolution algorithm choices, selected through backend flags around the ATen ops.
 
 Each variant is a module-level function (FX code generation and pickling can name it) taking the
-arguments of aten.convolution / aten.convolution_backward and returning their results.
+arguments of aten.convolution / aten.convolution_backward and returning their results.  The flags
+are set through `monet.compat.backend_flags`, which leaves TF32 and precision settings alone and
+works on every admitted torch (``torch.backends.cudnn.flags()``'s signature differs between them).
 """
-from contextlib import contextmanager
-
 import torch
+
+from monet.compat import backend_flags
 
 aten = torch.ops.aten
 
 
-@contextmanager
 def _mkldnn_off():
-    # None leaves a flag unchanged (avoids touching oneDNN's TF32 / precision settings).
-    with torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None,
-                                     fp32_precision=None):
-        yield
+    return backend_flags("mkldnn", enabled=False)
 
 
 def _cudnn(enabled, benchmark=None, deterministic=None):
-    # None leaves a flag unchanged; allow_tf32 is passed its current value so TF32 use is unchanged.
-    return torch.backends.cudnn.flags(enabled=enabled, benchmark=benchmark, benchmark_limit=None,
-                                      deterministic=deterministic,
-                                      allow_tf32=torch.backends.cudnn.allow_tf32,
-                                      fp32_precision=None, depthwise_kernel=None)
+    # None leaves a flag unchanged
+    return backend_flags("cudnn", enabled=enabled, benchmark=benchmark, deterministic=deterministic)
 
 
 def convolution_native(*args):

@@ -24,9 +24,9 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_map
 
+from monet import compat
 from monet.graph import OpGraph, build_opgraph, op_name
 
 MODE_TOKENS = ("inplace", "conv", "multiway", "newnode", "attention")
@@ -111,7 +111,7 @@ def fake_value(fn, args, kwargs=None):
     """Run ``fn`` on the traced (fake) values of FX arguments: the ``meta['val']`` of a new node."""
     kwargs = kwargs or {}
     vals = tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs))
-    mode = detect_fake_mode([v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)])
+    mode = compat.detect_fake_mode([v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)])
     if mode is None:
         return fn(*vals[0], **vals[1])
     with mode:
