@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 
+from monet.terms import arg
+
 #: ``--autocast`` names and the dtype names they stand for.
 CLI_NAMES = {"bf16": "bfloat16", "fp16": "float16", "bfloat16": "bfloat16", "float16": "float16"}
 #: 16-bit float dtypes autocast can run in.
@@ -112,17 +114,19 @@ def mismatch_message(solution, running) -> str | None:
                 f"{describe(running)} "
                 f"(torch.autocast({running[0]!r}, dtype=torch.{running[1]})): its graph has other casts, dtypes "
                 f"and sizes. Either call the model outside the autocast context, or solve a schedule for "
-                f"mixed precision: `monet solve ... --autocast {flag}` (Python: capture(model, x, "
-                f"autocast_dtype=torch.{running[1]}))")
+                f"mixed precision: "
+                + arg(f"autocast_dtype=torch.{running[1]} (monet.optimize, capture)", f"`monet solve ... --autocast {flag}`"))
     enter = f"torch.autocast({solution[0]!r}, dtype=torch.{solution[1]})"
     if running is None:
         return (f"{made} but the forward pass runs without autocast. Call the model inside "
-                f"`with {enter}:` as the solution was solved for, or solve again without --autocast")
+                f"`with {enter}:` as the solution was solved for, or solve again without "
+                + arg("autocast_dtype", "--autocast"))
     if running == ("cpu", "float16"):  # the CLI solves fp16 for CUDA only
         again = "solve again for this setting (capture(model, x, autocast_dtype=torch.float16))"
     else:
-        again = (f"solve again for this setting (monet solve --autocast "
-                 f"{'bf16' if running[1] == 'bfloat16' else 'fp16'} --device {running[0]})")
+        flag = "bf16" if running[1] == "bfloat16" else "fp16"
+        again = "solve again for this setting (" + arg(f"autocast_dtype=torch.{running[1]} on {running[0]}",
+                                                      f"monet solve --autocast {flag} --device {running[0]}") + ")"
     if solution[0] != running[0]:  # autocast's casts differ between device types
         return f"{made} but the forward pass runs under {describe(running)}: {again}"
     return (f"{made} but the forward pass runs under {describe(running)}. Call the model inside "

@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from monet.profiling.workspace import with_workspace_bound
+from monet.terms import arg
 
 COST_SOURCES = ("analytic", "hybrid", "profile")
 # the quick profile of ``hybrid``: warm medians (a first, cold run of a CPU kernel was 1.3-3x its
@@ -63,8 +64,9 @@ def device_spec(gpu_spec: str | None, device: str):
         for key in sorted(PRESETS, key=len, reverse=True):  # "h100-pcie" before "h100"
             if key.replace("-", " ") in name.replace("-", " "):
                 return PRESETS[key]
-        raise ValueError(f"no analytic model for GPU {name or '(none visible)'!r}: pass --gpu-spec "
-                         f"({', '.join(sorted(PRESETS))}) or use --cost profile")
+        presets = ", ".join(sorted(PRESETS))
+        raise ValueError(f"no analytic model for GPU {name or '(none visible)'!r}: pass "
+                         + arg(f"gpu_spec= ({presets}) or use cost=\"profile\"", f"--gpu-spec ({presets}) or use --cost profile"))
     return DeviceSpec.cpu_default()
 
 

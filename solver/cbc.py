@@ -27,6 +27,8 @@ import cvxpy.settings as s
 import numpy as np
 from cvxpy.reductions.solvers.conic_solvers.conic_solver import dims_to_solver_dict
 
+from monet.terms import arg
+
 
 class CbcUnavailable(RuntimeError):
     """cylp's bundled CBC library (with its C interface) was not found."""
@@ -40,7 +42,7 @@ def library_path() -> str:
     found = sorted(glob.glob(os.path.join(root, "cylp.libs", "libCbcSolver*")))
     if not found:
         raise CbcUnavailable(f"libCbcSolver was not found next to cylp ({root}/cylp.libs): reinstall cylp, "
-                             "or pass --solver HIGHS")
+                             "or use " + arg('solver="HIGHS"', "--solver HIGHS"))
     return found[0]
 
 

@@ -57,6 +57,7 @@ from monet.solver.memory_model import MemoryModel
 from monet.solver.repair import (drop_greedily, improve, repaired_candidates, round_and_repair,
                                  smallest_candidate)
 from monet.solver.windows import drop_windows
+from monet.terms import arg
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # Above this many variables CBC found no schedule better than its start within a minute on 2
@@ -79,9 +80,11 @@ class InfeasibleBudgetError(ValueError):
             msg = f"no schedule fits a budget of {budget} bytes ({budget / gib:.3f} GiB) in mode {mode}"
         else:
             word = "smallest feasible budget" if exact else "smallest budget found feasible"
+            how = arg(f'budget={min_budget}, or budget="min" (if_infeasible="smallest" solves there instead of '
+                      "raising; the search is kept, so either returns at once)",
+                      f"--budget {min_budget} or --min-budget")
             msg = (f"no schedule fits a budget of {budget} bytes ({budget / gib:.3f} GiB) in mode {mode}; "
-                   f"the {word} is {min_budget} bytes ({min_budget / gib:.3f} GiB): "
-                   f"use --budget {min_budget} or --min-budget")
+                   f"the {word} is {min_budget} bytes ({min_budget / gib:.3f} GiB): use {how}")
         if lower_bytes is not None and budget < lower_bytes:
             msg += (f" (infeasible: in the ILP's memory model no schedule fits below {int(lower_bytes)} bytes, "
                     f"{lower_bytes / gib:.3f} GiB, by its LP relaxation)")

@@ -18,6 +18,7 @@ import sys
 
 from monet.cli import check, demo, profile, solve, zoo
 from monet.cli.common import EXIT_ERROR, CLIError, Formatter, print_json
+from monet.terms import cli_terms
 
 COMMANDS = (solve, check, profile, demo, zoo)  # in the order of ``monet --help``
 
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_and_steady_environment()
     try:
         known = _known_errors()
-        code = args.func(args)
+        with cli_terms():  # errors name the flags (`monet.terms`)
+            code = args.func(args)
     except KeyboardInterrupt:
         print("monet: interrupted", file=sys.stderr)
         return 130

@@ -6,10 +6,13 @@ kept: x_hat = (y - bias) / weight.
 import torch
 
 from monet import compat
+from monet.terms import arg
 
-_ZERO_GAMMA_HINT = ("the output-activated BatchNorm backward cannot recover its input when gamma == 0; "
-                    "re-solve without the 'multiway' mode token (e.g. --mode inplace_conv_newnode) "
-                    "or initialise BatchNorm weights to non-zero values")
+def _zero_gamma_hint() -> str:
+    mode = arg('mode="inplace_conv_newnode"', "--mode inplace_conv_newnode")
+    return ("the output-activated BatchNorm backward cannot recover its input when gamma == 0; "
+            f"re-solve without the 'multiway' mode token (e.g. {mode}) "
+            "or initialise BatchNorm weights to non-zero values")
 
 
 class ZeroGammaError(RuntimeError):
@@ -22,9 +25,9 @@ def _check_weight(weight: torch.Tensor) -> None:
     if weight.device.type == "cpu":
         zero = int((weight == 0).sum())
         if zero:
-            raise ZeroGammaError(f"{zero} BatchNorm channel(s) have gamma == 0: {_ZERO_GAMMA_HINT}")
+            raise ZeroGammaError(f"{zero} BatchNorm channel(s) have gamma == 0: {_zero_gamma_hint()}")
     else:  # no host sync: fails asynchronously on the device
-        torch._assert_async(torch.all(weight != 0), f"BatchNorm gamma == 0: {_ZERO_GAMMA_HINT}")
+        torch._assert_async(torch.all(weight != 0), f"BatchNorm gamma == 0: {_zero_gamma_hint()}")
 
 
 def batch_norm_backward_from_output(grad, y, weight, bias, save_invstd, eps, output_mask):
