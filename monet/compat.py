@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
+import sys
+import tempfile
 import warnings
 
 import torch
@@ -176,6 +180,15 @@ def dynamo_export(model: torch.nn.Module, args: tuple, kwargs: dict, ignore_logg
     return gm
 
 
+def aot_backend(fw_compiler, bw_compiler=None):
+    """A ``torch.compile`` backend that runs AOTAutograd's default partitioner with these compilers
+    (``torch._dynamo.backends.common.aot_autograd``; the same in 2.11-2.15): the captured graph
+    without monet, for comparisons (``benchmarks/gpu_numerics.py``)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler or fw_compiler)
+
+
 def forget_code(code) -> None:
     """Drop Dynamo's cache entries on a code object (``torch._C._dynamo.eval_frame.reset_code``,
     present in 2.11-2.15); a no-op where it is missing."""
@@ -286,6 +299,56 @@ def numerics() -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
+_KINETO_CHATTER = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _stderr_without_kineto_chatter():
+    """File descriptor 2 into a temporary file inside; afterwards the lines written there are
+    written to stderr again, except kineto's ``USDT:``/``STAGE:`` lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _KINETO_CHATTER.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def quiet_profile(**kwargs):
+    """``torch.profiler.profile(**kwargs)`` without kineto's lines on stderr.
+
+    torch 2.13-2.15 (kineto) print ``USDT: ... SyncActivityProfilerHandler.cpp:52] profiler_start``
+    and ``profiler_stop`` each time a profiler starts and stops (2.11 prints them too on CPU builds;
+    ``STAGE:`` lines at some log levels), whatever ``KINETO_LOG_LEVEL`` says below 6.  Kineto reads
+    ``KINETO_LOG_LEVEL`` once, at the first profiler of the process: it is set to 6 (silent) here
+    unless the user set it, and where a profiler ran before, the start and stop are run with
+    stderr filtered (`_stderr_without_kineto_chatter`).  What the profiled code itself writes to
+    stderr passes unchanged.
+    """
+    from torch.profiler import profile
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    prof = profile(**kwargs)
+    with _stderr_without_kineto_chatter():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _stderr_without_kineto_chatter():
+            prof.__exit__(None, None, None)
+
+
 def allocation_events(prof) -> list:
     """(start_time_ns, bytes, ptr, device type) of every raw allocator event a finished
     ``torch.profiler.profile(profile_memory=True)`` recorded, in tree order (parents before their
@@ -318,6 +381,6 @@ def allocation_events(prof) -> list:
 
 __all__ = ["SUPPORTED", "torch_version", "check_version", "aot_module", "boxed_function", "boxed_codegen",
            "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents",
-           "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "forget_code",
+           "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend", "forget_code",
            "detect_fake_mode", "is_fake", "fake_mode", "backend_flags", "strict_fp32", "numerics",
-           "allocation_events"]
+           "quiet_profile", "allocation_events"]

@@ -200,11 +200,11 @@ def cpu_allocation_events(fn: Callable[[], Any]) -> list[tuple[int, int, int]]:
     during the call are dropped (see the module docstring), so the running sum of
     ``signed_bytes`` is the memory the call added on top of what was live at its start.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    from monet.compat import allocation_events
+    from monet.compat import allocation_events, quiet_profile
 
-    with profile(
+    with quiet_profile(
         activities=[ProfilerActivity.CPU],
         profile_memory=True,
         record_shapes=False,
