@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from monet import mixed_precision
 from monet.frontend import (CaptureError, describe_export_failure, export, kinds_by_name, primal_kinds,
-                            primal_sources, trace)
+                            primal_sources, trace, training_inputs)
 from monet.graph import OpGraph, build_opgraph
 from monet.inputs import ExampleInputs
 
@@ -56,7 +56,7 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             ``autocast_dtype`` on the input's device.
         TypeError: example inputs of another kind (see `ExampleInputs.of`).
     """
-    inputs = ExampleInputs.of(example_inputs)
+    inputs = training_inputs(model, ExampleInputs.of(example_inputs))
     device_type = inputs.first.device.type
 
     def partition(joint, joint_inputs, *, num_fwd_outputs, **_):

@@ -23,7 +23,9 @@ So the model goes through two steps (`export`, then `trace`):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import warnings
 
 import torch
 import torch.fx as fx
@@ -100,6 +102,50 @@ def _fsdp_managed_as_plain(model: nn.Module):
     finally:
         for m in marked:
             m._is_fsdp_managed_module = True
+
+
+def _forward_taking(model: nn.Module, name: str) -> nn.Module | None:
+    """The module whose ``forward`` takes the keyword ``name``: ``model`` itself, or the model a
+    wrapper passes its keyword arguments on to (``.model`` of `monet.plan.WithLoss`), else None."""
+    seen = set()
+    while isinstance(model, nn.Module) and id(model) not in seen:
+        seen.add(id(model))
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            return None
+        if name in params:
+            return model
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return None
+        model = getattr(model, "model", None)
+    return None
+
+
+_WARNED_USE_CACHE: set = set()
+
+
+def training_inputs(model: nn.Module, inputs: ExampleInputs) -> ExampleInputs:
+    """``inputs`` as a training call takes them: with ``use_cache=False`` added where the model's
+    forward takes ``use_cache``, its ``config.use_cache`` is true (transformers' causal LMs: GPT-2,
+    Llama, Qwen2 ...) and the caller did not pass ``use_cache``; else ``inputs`` unchanged.
+
+    A cache (past keys and values, for generation) is an output training does not read, and one
+    Dynamo cannot return; transformers' own gradient checkpointing turns ``use_cache`` off in
+    training the same way, with a warning.  So does this (a UserWarning, once per model class and
+    process).
+    """
+    if "use_cache" in inputs.kwargs:
+        return inputs
+    inner = _forward_taking(model, "use_cache")
+    if inner is None or not getattr(getattr(inner, "config", None), "use_cache", False):
+        return inputs
+    if type(inner) not in _WARNED_USE_CACHE:
+        _WARNED_USE_CACHE.add(type(inner))
+        warnings.warn(f"{type(inner).__name__} is trained with use_cache=False: its config asks for a cache of past "
+                  "keys and values, which training does not read (transformers' gradient checkpointing does the "
+                      "same); pass use_cache explicitly to silence this", UserWarning, stacklevel=3)
+    return ExampleInputs(inputs.args, {**inputs.kwargs, "use_cache": False})
 
 
 def _logging_functions() -> set:
@@ -274,4 +320,4 @@ def _user_frame(e: BaseException) -> str:
 
 
 __all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
-           "describe_export_failure"]
+           "describe_export_failure", "training_inputs"]

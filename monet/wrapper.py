@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 
 from monet.executor import build_modules
 from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
-                            primal_sources, trace)
+                            primal_sources, trace, training_inputs)
 from monet.graph import build_opgraph
 from monet import compat, mixed_precision
 from monet.inputs import ExampleInputs
@@ -65,7 +65,7 @@ class ScheduledModule(nn.Module):
         self.monet_compiled: dict = {}
 
     def forward(self, *args, **kwargs):
-        inputs = ExampleInputs(args, kwargs)
+        inputs = training_inputs(self.model, ExampleInputs(args, kwargs))
         autocast = self._autocast if self._autocast is not None else mixed_precision.current(
             inputs.first.device.type)
         key = call_key(inputs, autocast)
@@ -74,7 +74,7 @@ class ScheduledModule(nn.Module):
             if len(self._traces) >= MAX_TRACES:
                 self._traces.pop(next(iter(self._traces)))
             traced = self._traces[key] = self._trace(inputs, autocast)
-        return traced(*args, **kwargs)
+        return traced(*inputs.args, **inputs.kwargs)
 
     def _trace(self, inputs: ExampleInputs, autocast):
         gm = export(self.model, inputs)

@@ -135,17 +135,25 @@ def test_zero_gamma_batchnorm_leaves_multiway_out(tmp_path_factory):
     assert "batchnorm.output_activated" not in sol.schedule.impl.values()
 
 
-def test_cache_output_is_refused_with_the_fix():
-    """GPT-2 with its default use_cache=True returns a DynamicCache: the error says use_cache=False."""
+def test_cache_output_is_turned_off_in_training_and_refused_when_asked_for():
+    """GPT-2 called as users call it (no use_cache; its config's default is True) is captured and
+    trained with use_cache=False, with one warning, as transformers' gradient checkpointing does;
+    asked for explicitly (use_cache=True) it returns a DynamicCache, refused with the fix."""
     from monet.capture import CaptureError, capture
+    from monet.frontend import _WARNED_USE_CACHE
 
     reason = rm.missing("transformers")
     if reason:
         pytest.skip(reason)
     model, inputs, _ = rm.build("transformers/gpt2")
+    assert model.config.use_cache
     inputs = {k: v for k, v in inputs.items() if k != "use_cache"}
+    _WARNED_USE_CACHE.discard(type(model))
+    with pytest.warns(UserWarning, match="use_cache=False"):
+        graph = capture(model, inputs)
+    assert graph.bwd
     with pytest.raises(CaptureError, match="use_cache=False"):
-        capture(model, inputs)
+        capture(model, {**inputs, "use_cache": True})
 
 
 def test_graph_break_names_the_construct():
