@@ -9,13 +9,19 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 from monet.inputs import ExampleInputs
+from monet.progress import Progress
 from monet.solver import DEFAULT_GAP
+
+#: where a solved schedule is timed (`Plan.calibrates`), the share of ``time_limit`` the solver
+#: gets; the timing (and in full mode a second solve) gets the rest
+CALIBRATED_SOLVE_SHARE = 0.5
 
 # Optimizer state kept per parameter element, in units of the parameter's own bytes (PyTorch's
 # implementations: SGD with momentum keeps one buffer, Adam and AdamW two: exp_avg, exp_avg_sq).
@@ -93,8 +99,11 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             optimizer's state is taken out of it first, so the budget can be the GPU's size.
         mode: ``"normal"`` (recompute or keep) or a full-mode string (``"full"``,
             ``"inplace_conv_multiway_newnode"``...: operator implementations chosen too).
-        time_limit: seconds for the solver (on the CPU with measured costs, up to twice: see
-            ``calibrate``).
+        time_limit: seconds for everything after the capture and the costing (both logged with
+            their times): the solve, the smallest-budget search, the fallback with
+            ``if_infeasible="smallest"`` and the calibration share this one deadline
+            (`monet.solver.deadline.Deadline`).  Where the schedule is timed (``calibrate``), the
+            solver gets `CALIBRATED_SOLVE_SHARE` of it and the timing the rest.
         loss_fn: optional ``loss_fn(output, target)``: the loss is traced with the model and the
             returned wrapper returns it (call it as ``wrapper(*inputs, target=y)``).  Without it
             the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
@@ -119,7 +128,9 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         autocast_dtype: solve for training under ``torch.autocast(device, autocast_dtype)``.
         solver, gap: the MILP solver ("CBC", "HIGHS", "SCIP") and the relative gap it may stop at.
         cache_dir: where measured costs are cached (default ``~/.cache/monet/profiles``).
-        progress: log each step to stderr.
+        progress: a progress bar of the phases (capture, costs, solve, calibration) with their
+            elapsed times, and the solver's lines above it, on stderr (`monet.progress`); False:
+            nothing is printed.
         if_infeasible: ``"raise"`` (default): a budget below the smallest feasible one is an
             `InfeasibleBudgetError`; ``"smallest"``: solve at the smallest feasible budget found
             instead (logged), as ``monet demo`` does.
@@ -131,7 +142,14 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             schedule against keeping everything and plain PyTorch and predict its overhead from
             its measured recomputation; in full mode, where it measures more than 3 % off, solve
             again with the recompute costs scaled to the measurement and keep the faster
-            (`monet.profiling.calibration`).  False: the cost model's prediction, unmeasured.
+            (`monet.profiling.calibration`), all within ``time_limit`` (where too little of it
+            is left, the schedule is not timed, said in the log).  False: the cost model's
+            prediction, unmeasured.
+
+    The capture and the costs of the last call on a model are kept (`prepare`): a second call on
+    the same model, inputs and cost options solves again without capturing, and one after an
+    infeasible budget (``budget="min"``, ``if_infeasible="smallest"``) returns the smallest-budget
+    schedule the first call found, in seconds.
 
     Returns:
         A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).
@@ -139,15 +157,24 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     Raises:
         monet.capture.CaptureError: the model cannot be traced (the message names the construct).
         monet.solver.ilp.InfeasibleBudgetError: the budget is below the smallest feasible one,
-            which the message names.
+            which the message names, with the arguments that get it (``budget=<bytes>``,
+            ``budget="min"``, ``if_infeasible="smallest"``).
         ValueError: a malformed budget, mode, cost source or optimizer; a budget smaller than the
             optimizer's state.
     """
-    plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
-                   gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=progress)
-    sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
-                     if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
-                     reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth, calibrate=calibrate)
+    from monet.solver.ilp import InfeasibleBudgetError
+
+    with Progress(progress) as bar:
+        plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
+                       gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True)
+        try:
+            sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
+                             if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
+                             reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth, calibrate=calibrate,
+                             progress=bar)
+        except InfeasibleBudgetError:
+            _KEPT[:] = [(weakref.ref(model), plan.key, plan)]  # for the call the error recommends
+            raise
     return plan.wrap(sol)
 
 
@@ -176,9 +203,14 @@ class Plan:
     progress: bool = True
     calibrates: bool = False
     keep: nn.Module | None = field(default=None, repr=False)  # dispatch.keep_all, made at the first calibration
+    capture_s: float = 0.0  # seconds the capture took: what each trace of a timed executor costs, about
+    bar: Progress | None = field(default=None, repr=False)  # the progress of the call under way
+    key: tuple = field(default=(), repr=False)  # what the plan is for (`_plan_key`)
 
     def _log(self, message: str) -> None:
-        if self.progress:
+        if self.bar is not None:
+            self.bar.log(message)
+        elif self.progress:
             _log(message)
 
     def mode_for(self, mode: str) -> str:
@@ -203,12 +235,30 @@ class Plan:
 
     def solve(self, budget="50%", *, mode: str = "normal", time_limit: float = 60.0, optimizer: str | None = None,
               solver: str = "CBC", gap: float = DEFAULT_GAP, if_infeasible: str = "raise", accumulate_grads: bool = False,
-              reserved_bytes: int = 0, offload_bandwidth: float | None = None, calibrate: bool = True):
-        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`).  Where the plan
-        `calibrates` and ``calibrate`` is true, the solved schedule is timed and predicted from its
-        measured recomputation, and in full mode solved again with it, the faster kept
-        (`monet.profiling.calibration.calibrated_solve`): a few seconds of training iterations,
-        in full mode up to twice ``time_limit``."""
+              reserved_bytes: int = 0, offload_bandwidth: float | None = None, calibrate: bool = True,
+              progress: Progress | None = None):
+        """The `Solution` at ``budget`` in ``mode`` (arguments as for `optimize`), within
+        ``time_limit`` seconds: one `monet.solver.deadline.Deadline` for the solve, the
+        smallest-budget search and fallback, and the calibration.  Where the plan `calibrates` and
+        ``calibrate`` is true, the solver gets `CALIBRATED_SOLVE_SHARE` of the limit and the solved
+        schedule is timed in the rest and predicted from its measured recomputation (in full mode
+        solved again with it, the faster kept: `monet.profiling.calibration.calibrated_solve`);
+        where the rest is too short for that, it is not timed (said in the log).  ``progress``: the
+        bar of the call under way (None: one of its own, if the plan shows progress)."""
+        own = progress is None
+        bar = Progress(self.progress, phases=("solve", "calibration")) if own else progress
+        self.bar = bar
+        try:
+            return self._solve(budget, mode, time_limit, optimizer, solver, gap, if_infeasible, accumulate_grads,
+                               reserved_bytes, offload_bandwidth, calibrate, bar)
+        finally:
+            self.bar = None
+            if own:
+                bar.close()
+
+    def _solve(self, budget, mode, time_limit, optimizer, solver, gap, if_infeasible, accumulate_grads,
+               reserved_bytes, offload_bandwidth, calibrate, bar: Progress):
+        from monet.solver.deadline import Deadline
         from monet.solver.ilp import InfeasibleBudgetError
         from monet.solver.solve import parse_budget, solve
 
@@ -237,36 +287,49 @@ class Plan:
 
         info = dict(model=self.name, device=self.device, **input_info(self.inputs, None))
         t0 = time.perf_counter()
+        deadline = Deadline(time_limit)
+        calibrating = calibrate and self.calibrates
         at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
-        self._log(f"solving at {at} ({mode}, {solver}, time limit {time_limit:g} s) ...")
-        kw = dict(solver=solver, time_limit=time_limit, info=info, device=self.device, cost_fn=self.cost_fn,
-                  progress=self._log if self.progress else None, gap=gap, offload_bandwidth=offload_bandwidth)
-        try:
-            sol = solve(self.graph, self.costs, budget_bytes, mode, **kw)
-        except InfeasibleBudgetError as e:
-            if if_infeasible != "smallest" or e.min_budget_bytes is None:
-                raise
-            self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
-            sol = solve(self.graph, self.costs, e.min_budget_bytes, mode, **kw)
-        if calibrate and self.calibrates:
-            sol = self._calibrated(sol, mode, kw)
+        share = CALIBRATED_SOLVE_SHARE if calibrating else 1.0
+        self._log(f"solving at {at} ({mode}, {solver}, {share * time_limit:g} s of the time limit "
+                  f"{time_limit:g} s) ...")
+        kw = dict(solver=solver, info=info, device=self.device, cost_fn=self.cost_fn,
+                  progress=self._log if (self.progress or self.bar is not None and self.bar.enabled) else None,
+                  gap=gap, offload_bandwidth=offload_bandwidth)
+        with bar.phase("solve"):
+            solving = Deadline(share * deadline.left())
+            try:
+                sol = solve(self.graph, self.costs, budget_bytes, mode, deadline=solving, **kw)
+            except InfeasibleBudgetError as e:
+                if if_infeasible != "smallest" or e.min_budget_bytes is None:
+                    raise
+                self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
+                sol = solve(self.graph, self.costs, None, mode, deadline=solving, **kw)  # the search kept: at once
+        if calibrating:
+            with bar.phase("calibration"):
+                sol = self._calibrated(sol, mode, kw, deadline)
+        else:
+            bar.skip("calibration")
         overhead = sol.meta.predicted_overhead()
         self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
                   f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations"
                   + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
         return sol
 
-    def _calibrated(self, sol, mode: str, kw: dict):
+    def _calibrated(self, sol, mode: str, kw: dict, deadline):
         from monet.profiling.calibration import calibrated_solve
         from monet.profiling.dispatch import keep_all
         from monet.solver.solve import solve
 
-        if self.keep is None:
+        def make_keep():
             self.keep = keep_all(self.module, self.inputs, self.graph, self.costs)
+            return self.keep
+
         return calibrated_solve(self.module, self.inputs, self.graph, self.costs, sol,
-                                lambda costs: solve(self.graph, costs, sol.meta.budget_bytes, mode, **kw),
-                                keep=self.keep, device=self.device, cost_fn=self.cost_fn,
-                                log=self._log)
+                                lambda costs, again=None: solve(self.graph, costs, sol.meta.budget_bytes, mode,
+                                                                deadline=again or Deadline(0.0), **kw),
+                                keep=self.keep, make_keep=make_keep, device=self.device, cost_fn=self.cost_fn,
+                                log=self._log, deadline=deadline, trace_s=self.capture_s)
 
     def wrap(self, solution, model: nn.Module | None = None):
         """`MONeTWrapper` of ``model`` (default: the captured module; with a loss, pass
@@ -301,20 +364,58 @@ def loss_outside_note(graph, eager_peak_bytes: int, remedy: str = LOSS_OUTSIDE_R
             f"outputs' bytes) are not in the budget; {remedy}")
 
 
+#: the plan of the last `optimize` call that found its budget infeasible, with its model (weakly)
+#: and the key it was made for (`_plan_key`); the next `optimize` call takes or drops it
+_KEPT: list = []
+
+
+def _plan_key(model: nn.Module, inputs: ExampleInputs, loss_fn, options: tuple) -> tuple:
+    """What a plan is specific to: the inputs' structure, shapes, dtypes and devices and their
+    non-tensor values, the model's parameters and buffers (names, shapes, dtypes, devices: its
+    structure, not its values), its training mode, the loss function and the cost options."""
+    from monet.wrapper import call_key
+
+    tensors = [(n, tuple(t.shape), t.dtype, t.device) for n, t in
+               list(model.named_parameters()) + list(model.named_buffers())]
+    return (call_key(inputs, None), tuple(tensors), model.training, id(loss_fn), options)
+
+
+def forget_plans() -> None:
+    """Drop the plan an infeasible `optimize` call kept (it holds its model)."""
+    _KEPT.clear()
+
+
+def _kept_plan(model: nn.Module, key: tuple):
+    """The plan `_KEPT` holds for ``model`` and ``key``, else None; the slot is emptied either way."""
+    kept = _KEPT.pop() if _KEPT else None
+    if kept is not None and kept[0]() is model and kept[1] == key:
+        return kept[2]
+    return None
+
+
 def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost: str = "hybrid",
             device: str | None = None, gpu_spec: str | None = None, autocast_dtype: torch.dtype | None = None,
-            cache_dir=None, progress: bool = True) -> Plan:
+            cache_dir=None, progress: bool | Progress = True, reuse: bool = False) -> Plan:
     """Capture and cost ``model`` once (arguments as for `optimize`); solve the `Plan` at any budget.
+
+    ``reuse``: take the plan the last `optimize` call kept when it found its budget infeasible,
+    if it is for ``model`` with the same inputs (structure, shapes, dtypes), the same model
+    structure (its parameters' and buffers' names, shapes and dtypes), loss function and cost
+    options: no capture and no costing again (said in the log), and the smallest-budget search it
+    ran comes with it (`monet.solver.smallest`).  ``progress``: True/False, or the
+    `monet.progress.Progress` of the call under way.
 
     Raises:
         monet.capture.CaptureError: the model cannot be traced.
         ValueError: a malformed cost source, or ``loss_fn`` without ``target``.
     """
     from monet.capture import capture
+    from monet.frontend import training_inputs
     from monet.profiling.sources import solver_costs, variant_cost_fn
     from monet.solver.solve import eager_peak
 
-    log = _log if progress else (lambda _m: None)
+    own = not isinstance(progress, Progress)
+    bar = Progress(bool(progress), phases=("capture", "costs")) if own else progress
     inputs = ExampleInputs.of(example_inputs)
     module = model
     if loss_fn is not None:
@@ -322,25 +423,44 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
             raise ValueError("loss_fn needs an example target (target=...) to trace the loss with")
         module = WithLoss(model, loss_fn)
         inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
+    inputs = training_inputs(module, inputs)
     device = device or inputs.first.device.type
+    key = _plan_key(model, inputs, loss_fn, (cost, device, gpu_spec, autocast_dtype, str(cache_dir)))
+    plan = _kept_plan(model, key) if reuse else None
+    if plan is not None:
+        plan.progress = bar.enabled
+        bar.log(f"the capture, costs and smallest-budget search of the last call on this {plan.name} are reused "
+                "(it found its budget infeasible; same inputs, structure and options)")
+        bar.skip("capture")
+        bar.skip("costs")
+        if own:
+            bar.close()
+        return plan
     name = type(model).__name__
-    t0 = time.perf_counter()
-    log(f"capturing {name} on {inputs.describe()} ...")
-    graph = capture(module, inputs, autocast_dtype=autocast_dtype)
-    log(f"captured in {time.perf_counter() - t0:.1f} s: {graph.describe()}")
-    t0 = time.perf_counter()
-    table, costs = solver_costs(cost, module, inputs, graph, device, gpu_spec, cache_dir)
-    cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec, cache_dir)
-    eager = eager_peak(graph, costs)
-    log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
-        f"{eager / 2**20:.1f} MiB, operators {1e3 * costs.total_time:.1f} ms per iteration")
+    try:
+        with bar.phase("capture"):
+            t0 = time.perf_counter()
+            bar.log(f"capturing {name} on {inputs.describe()} ...")
+            graph = capture(module, inputs, autocast_dtype=autocast_dtype)
+            capture_s = time.perf_counter() - t0
+            bar.log(f"captured in {capture_s:.1f} s: {graph.describe()}")
+        with bar.phase("costs"):
+            t0 = time.perf_counter()
+            table, costs = solver_costs(cost, module, inputs, graph, device, gpu_spec, cache_dir)
+            cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec, cache_dir)
+            eager = eager_peak(graph, costs)
+            bar.log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
+                    f"{eager / 2**20:.1f} MiB, operators {1e3 * costs.total_time:.1f} ms per iteration")
+    finally:
+        if own:
+            bar.close()
     note = loss_outside_note(graph, eager)
     if note:
         warnings.warn(note, stacklevel=2)
     from monet.profiling import calibration
 
-    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, progress,
-                calibrates=calibration.applies(cost, device))
+    return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, bar.enabled,
+                calibrates=calibration.applies(cost, device), capture_s=capture_s, key=key)
 
 
-__all__ = ["LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]
+__all__ = ["CALIBRATED_SOLVE_SHARE", "forget_plans", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -131,8 +131,20 @@ def plain_reference_s(costs: CostArrays, keep_s: float, plain_s: float) -> float
     return costs.total_time * float(plain_s) / float(keep_s)
 
 
+def timing_seconds(costs: CostArrays, turns: int = MIN_TURNS, traces: int = 1, trace_s: float = 0.0) -> float:
+    """Seconds `measure_schedule` needs, about: ``traces`` traces of the model (``trace_s`` each:
+    an export and a trace, as long as the capture took), the warm-up iterations and
+    `dispatch.FACTOR_ROUNDS` rounds of ``turns`` turns of three iterations (the schedule, the
+    executor keeping everything, plain PyTorch), each iteration taken as the costs' plain one
+    (``costs.plain_time``, else ``total_time``) times 1.1 (the schedule's recomputation)."""
+    from monet.profiling.dispatch import FACTOR_ROUNDS, WARMUP
+
+    iteration = 1.1 * float(costs.plain_time or costs.total_time)
+    return traces * trace_s + (3 * WARMUP + 1 + 3 * FACTOR_ROUNDS * turns) * iteration
+
+
 def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
-                     repeats: int | None = None) -> tuple[float, float, float]:
+                     repeats: int | None = None, deadline=None) -> tuple[float, float, float] | None:
     """``(M, K, P)``: median seconds of a training iteration of ``model`` run by ``solution`` (on a
     copy of it, `dispatch.own_copy`), by ``keep`` (`dispatch.keep_all` of the same graph, another
     copy) and by plain PyTorch (``model`` itself),
@@ -140,7 +152,9 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     median ratio to ``P`` within a turn (`dispatch.paired_medians`), under the
     autocast setting ``graph`` was captured with; ``model`` is left as it was
     (`dispatch.restored`).  ``repeats``: timed iterations per side and round (None: about
-    `dispatch.TARGET_S` seconds of the schedule's, at least `MIN_TURNS`).
+    `dispatch.TARGET_S` seconds of the schedule's, at least `MIN_TURNS`).  ``deadline`` (a
+    `monet.solver.deadline.Deadline`, or None): the turns are cut to what it leaves time for, and
+    where that is under `MIN_TURNS` nothing is timed and None is returned.
 
     Plain PyTorch is the reference because the predicted overhead is ``M / P - 1``
     (`calibrated_solve`: ``total_time * (M / K)`` over ``total_time * (P / K)``), so it is
@@ -149,20 +163,29 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     reference it was ``median(M / K) / median(P / K)``: +29.7 % to +34.5 % in four timings of
     the zoo's UNet normal-mode schedule where the paired ``median(M / P)`` of the table read
     +22.9 % to +31.6 % in twelve (BENCHMARKS.md, "Earlier readings cited in the code")."""
+    import time
+
     from monet.inputs import ExampleInputs
-    from monet.profiling.dispatch import WARMUP, paired_medians, restored, timed_executor, warm_up
+    from monet.profiling.dispatch import FACTOR_ROUNDS, WARMUP, paired_medians, restored, timed_executor, warm_up
 
     inputs = ExampleInputs.of(inputs)
     scheduled = timed_executor(model, solution)
     with restored(model), mixed_precision.context(graph.autocast):
+        t0 = time.perf_counter()
         turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
         repeats = max(MIN_TURNS, turns) if repeats is None else turns
+        if deadline is not None:  # a turn is three iterations: about the warm-up's per iteration, thrice
+            turn_s = 3 * (time.perf_counter() - t0) / (3 * WARMUP + 1)
+            repeats = min(repeats, int(deadline.left() / (FACTOR_ROUNDS * max(turn_s, 1e-6))))
+            if repeats < MIN_TURNS:
+                return None
         return paired_medians((scheduled, keep, model), inputs, repeats, reference=2)
 
 
 def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solution,
-                     solve_again: Callable[[CostArrays], object], *, keep: nn.Module | None = None,
-                     device: str = "cpu", cost_fn=None, log: Callable[[str], None] | None = None):
+                     solve_again: Callable[..., object], *, keep: nn.Module | None = None,
+                     device: str = "cpu", cost_fn=None, log: Callable[[str], None] | None = None,
+                     deadline=None, make_keep: Callable[[], nn.Module] | None = None, trace_s: float = 0.0):
     """The schedule to run, calibrated on the CPU (see the module docstring): ``solution`` timed
     (`measure_schedule`); where its recomputation measures within `RATIO_TOLERANCE` of the
     predicted one, or in normal mode (where scaling every recompute second alike does not change
@@ -190,8 +213,16 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
         model, inputs: the module ``graph`` was captured from and its example inputs.
         graph, costs: the graph and the (CPU, measured) costs ``solution`` was solved with.
         solution: the `Solution` to time.
-        solve_again: solves at ``solution``'s budget and mode with the costs it is given.
-        keep: `dispatch.keep_all` of ``graph`` made before (None: made here; each trace takes seconds).
+        solve_again: ``solve_again(costs, deadline)`` solves at ``solution``'s budget and mode with
+            the costs it is given, within the `Deadline` it is given.
+        keep: `dispatch.keep_all` of ``graph`` made before (None: ``make_keep()``, or made here;
+            each trace takes seconds).
+        deadline: a `monet.solver.deadline.Deadline` the timing and the second solve share (None:
+            no limit).  Where it leaves less than `timing_seconds` asks (``trace_s``: the seconds
+            of one trace, about the capture's) or too little to time `MIN_TURNS` turns,
+            ``solution`` is returned as the cost model predicts it (said in the log); the second
+            solve gets half of what is left after the first timing, and is timed only if time
+            remains.
         device, cost_fn: as ``solution`` was solved with (full mode: the variants' costs, which
             `monet.solver.choices.rescaled_full_model` carries over to the calibrated costs).
         log: progress messages.
@@ -202,14 +233,27 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     from monet.profiling.dispatch import keep_all
     from monet.solver.choices import rescaled_full_model
 
+    from monet.solver.deadline import Deadline
+
     log = log or (lambda _m: None)
+    need = timing_seconds(costs, traces=1 if keep is not None else 2, trace_s=trace_s)
+    if deadline is not None and need > deadline.left():
+        log(f"not timed: the time limit leaves {deadline.left():.1f} s, timing the schedule takes about "
+            f"{need:.0f} s; the cost model's prediction stands (a larger time limit times it)")
+        return solution
     recompute = recompute_seconds(graph, costs, solution, device, cost_fn)
-    keep = keep_all(model, inputs, graph, costs) if keep is None else keep
+    if keep is None:
+        keep = make_keep() if make_keep is not None else keep_all(model, inputs, graph, costs)
 
     def timed(sol, objective_s: float, recompute_s: float):
         log(f"timing the schedule ({sol.schedule.recompute_count()} recomputations) against keeping everything "
             "and plain PyTorch ...")
-        m, k, p = measure_schedule(model, inputs, graph, sol, keep)
+        measured = measure_schedule(model, inputs, graph, sol, keep, deadline=deadline)
+        if measured is None:
+            log(f"not timed: the time limit leaves {deadline.left():.1f} s, too little for {MIN_TURNS} turns; "
+                "the cost model's prediction stands (a larger time_limit times the schedule)")
+            return sol, None, None
+        m, k, p = measured
         ratio = calibration_ratio(m, k, costs, objective_s, recompute_s)
         log(f"measured {100 * (m / k - 1):+.1f} % over keeping everything (predicted "
             f"{100 * (objective_s / costs.total_time - 1):+.1f} %), keeping everything {100 * (k / p - 1):+.1f} % "
@@ -229,7 +273,7 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
         return dataclasses.replace(sol, meta=meta), ratio, m / k
 
     first, ratio, measured = timed(solution, solution.meta.objective_s, recompute)
-    if ratio is None:  # too little recomputation to measure a ratio: predicted as timed, not solved again
+    if ratio is None:  # not timed, or too little recomputation to measure a ratio: not solved again
         return first
     if abs(ratio - 1.0) <= RATIO_TOLERANCE or solution.meta.mode == "normal":
         # normal mode: the objective is a constant plus the recompute seconds, and scaling all of
@@ -239,7 +283,7 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     scaled = scaled_costs(costs, ratio)
     if solution.schedule.impl or solution.meta.mode != "normal":
         rescaled_full_model(graph, costs, scaled, ratio, solution.meta.mode, device, cost_fn)
-    again = solve_again(scaled)
+    again = solve_again(scaled, Deadline(0.5 * deadline.left()) if deadline is not None else None)
     if again.schedule == solution.schedule:
         log("the same schedule")
         return first
@@ -247,6 +291,8 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     recompute_again = recompute_seconds(graph, costs, again, device, cost_fn)
     second, _, measured_again = timed(again, again.meta.objective_s - (ratio - 1.0) * recompute_again,
                                       recompute_again)
+    if measured_again is None:  # no time left to time it: the measured one stands
+        return first
     if measured_again <= measured:
         return second
     log(f"the schedule solved again measured slower ({100 * (measured_again - 1):+.1f} % against "
@@ -254,5 +300,5 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     return first
 
 
-__all__ = ["MIN_TURNS", "RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
+__all__ = ["timing_seconds", "MIN_TURNS", "RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
            "plain_reference_s", "recompute_seconds", "scaled_costs"]

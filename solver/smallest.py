@@ -40,6 +40,19 @@ def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode
                            eager_time=ref["eager_time"])
 
 
+def _search_key(mode: str, solver: str, device: str, costs: CostArrays, cost_fn, offload_bandwidth) -> tuple:
+    return (mode, solver.upper(), device, id(costs), id(cost_fn), offload_bandwidth or None)
+
+
+def searched(graph: OpGraph, costs: CostArrays, mode: str, solver: str = "CBC", device: str = "cpu", cost_fn=None,
+             offload_bandwidth: float | None = None) -> bool:
+    """Whether the smallest-budget search of these arguments has run on ``graph`` (`_smallest`
+    keeps it): `min_budget` and `smallest_schedule` then answer without searching."""
+    cached = graph.__dict__.get("_monet_smallest", {}).get(
+        _search_key(mode, solver, device, costs, cost_fn, offload_bandwidth))
+    return cached is not None and cached[0] is costs and cached[1] is cost_fn
+
+
 def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_limit: float, device: str,
               cost_fn=None, progress=None, offload_bandwidth: float | None = None):
     """(bytes, proven, graph with the chosen implementations, its costs, S (T, N), R (T, N), the
@@ -52,8 +65,8 @@ def _smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, time_li
     budget falls back to this very schedule instead of a second, time-limited search that may
     stop at a larger budget."""
     cache = graph.__dict__.setdefault("_monet_smallest", {})
-    key = (mode, solver.upper(), device, id(costs), id(cost_fn), offload_bandwidth or None)
-    if key not in cache:
+    key = _search_key(mode, solver, device, costs, cost_fn, offload_bandwidth)
+    if key not in cache or cache[key][0] is not costs or cache[key][1] is not cost_fn:  # ids reused after a free
         cache[key] = (costs, cost_fn, _search_smallest(graph, costs, mode, solver, time_limit, device, cost_fn,
                                                        progress, offload_bandwidth))
     return cache[key][2]

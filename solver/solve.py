@@ -41,7 +41,7 @@ from monet.solver.offload import check_offload
 from monet.solver.portfolio import solve_full
 from monet.solver.rounding import solve_rounding
 from monet.solver.simulated import eager_peak, keep_all_matrices, memory_model  # noqa: F401
-from monet.solver.smallest import min_budget, min_budget_lower, smallest_schedule  # noqa: F401
+from monet.solver.smallest import min_budget, min_budget_lower, searched, smallest_schedule  # noqa: F401
 
 # The normal-mode peers by name, for comparisons on the same inputs (`benchmarks/bench_solver.py
 # --peers`): each ``solve_x(graph, costs, budget, *, deadline, info=None, ...) -> Solution``,
@@ -102,18 +102,33 @@ def same_kernels_solution(graph: OpGraph, costs: CostArrays, sol: Solution, devi
     return Solution(schedule=schedule, S=S, R=R, meta=meta)
 
 
+#: of a solve at the smallest feasible budget (``budget`` None) without a search kept from before,
+#: the share of the time limit the search gets; the time-minimising solve at the budget it found
+#: gets the rest
+SEARCH_SHARE = 0.5
+
+
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
           solver: str = "CBC", time_limit: float = 60.0, info: dict | None = None,
           verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None, gap: float = 0.0,
-          offload_bandwidth: float | None = None) -> Solution:
+          offload_bandwidth: float | None = None, deadline: Deadline | None = None) -> Solution:
     """Solve at ``budget`` bytes, or at the smallest feasible budget when ``budget`` is None.
+
+    One deadline covers the whole call: the smallest-budget search, the solve at the budget and
+    the fallback to the search's schedule share it, so the call returns within ``time_limit``
+    (give or take the seconds a step cannot be stopped in: CBC is stopped 2 s after its share,
+    and each full-mode step gets at least 1 s).  The smallest-budget search is kept on ``graph``
+    (`monet.solver.smallest`): a call at ``budget`` None after one that found the budget
+    infeasible (or after another such call) returns the schedule it kept at once.
 
     Args:
         mode: "none", "normal" or MONeT's mode strings (`monet.impls.MODES`; "full" = all).
         device: the device type the implementations are for ("cpu" or "cuda").
         cost_fn: costs of variant graphs (`solver.choices.implementation_options`); default analytic.
-        time_limit: seconds of wall clock for the solver(s) at the budget; a smallest-budget
-            search (``budget`` None) has its own.
+        time_limit: seconds of wall clock for the whole call (ignored when ``deadline`` is given).
+            At ``budget`` None, with no search kept, `SEARCH_SHARE` of it for the search and the
+            rest for the time-minimising solve at the budget found.
+        deadline: the `Deadline` the call shares with its caller (`monet.plan.Plan.solve`), or None.
         gap: stop once the schedule is proven within this fraction of the best bound (0: optimal).
         progress: ``progress(str)``, lines on the solve as it goes (incumbent, bound).
         offload_bandwidth: bytes per second (each direction) of host<->device copies: a kept
@@ -129,23 +144,33 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
     mode = MODES[-1] if mode == "full" else mode
     mode_tokens(mode)  # validates
     check_offload(mode, offload_bandwidth)
-    if budget is None:
-        budget, _ = min_budget(graph, costs, mode, solver, time_limit, device, cost_fn,
+    deadline = deadline if deadline is not None else Deadline(time_limit)
+    ref = dict(inplace="inplace" in mode_tokens(mode), eager=None, eager_time=None)
+    if budget is None and mode != "none":
+        if searched(graph, costs, mode, solver, device, cost_fn, offload_bandwidth) and not offload_bandwidth:
+            # kept from an earlier call (one that found its budget infeasible): its schedule, at once
+            least, _ = min_budget(graph, costs, mode, solver, 0.0, device, cost_fn, offload_bandwidth=offload_bandwidth)
+            if progress is not None:
+                progress(f"  the smallest feasible budget found before: {least} bytes; its schedule")
+            return smallest_schedule(graph, costs, least, info, mode, solver, 0.0, device, cost_fn, ref)
+        budget, _ = min_budget(graph, costs, mode, solver, deadline.share(SEARCH_SHARE), device, cost_fn,
                                offload_bandwidth=offload_bandwidth)
+    elif budget is None:
+        budget = eager_peak(graph, costs)
     if mode == "none":
-        return solve_checkpoint_all(graph, costs, int(budget), deadline=Deadline(time_limit), info=info)
+        return solve_checkpoint_all(graph, costs, int(budget), deadline=deadline, info=info)
     if mode == "normal":
         if offload_bandwidth:  # the smallest-budget search's schedule does not carry its offloads
-            return solve_normal(graph, costs, int(budget), deadline=Deadline(time_limit), info=info, solver=solver,
+            return solve_normal(graph, costs, int(budget), deadline=deadline, info=info, solver=solver,
                                 verbose=verbose, gap=gap, progress=progress, offload_bandwidth=offload_bandwidth)
         try:
-            return solve_normal(graph, costs, int(budget), deadline=Deadline(time_limit), info=info, solver=solver,
+            return solve_normal(graph, costs, int(budget), deadline=deadline, info=info, solver=solver,
                                 verbose=verbose, gap=gap, progress=progress, smallest=False)
         except InfeasibleBudgetError:
             # the smallest-budget search's schedule if it fits, else its error: the search is cached
             # on the graph, so a retry at the budget the error names gets that schedule, even where a
             # second time-limited search would stop at a larger budget (as on loaded machines)
-            return smallest_schedule(graph, costs, int(budget), info, mode, solver, time_limit, device, cost_fn,
-                                     dict(inplace=False, eager=None, eager_time=None))
-    return solve_full(graph, costs, int(budget), info, mode=mode, solver=solver, time_limit=time_limit,
+            return smallest_schedule(graph, costs, int(budget), info, mode, solver, deadline.left(), device, cost_fn,
+                                     ref)
+    return solve_full(graph, costs, int(budget), info, mode=mode, solver=solver, time_limit=deadline.left(),
                       verbose=verbose, device=device, cost_fn=cost_fn, progress=progress, gap=gap)

@@ -1,6 +1,7 @@
 """monet solve: capture a model, cost its operators, solve the ILP at a budget, write a solution file."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from monet.solver import DEFAULT_GAP
@@ -95,7 +96,10 @@ def add_arguments(p) -> None:
                         "values: 1-bit ReLU/dropout masks, 4-bit max-pool offsets), inplace (ReLU and add "
                         "overwrite their input). Default: inplace_conv_multiway_newnode (all; 'full')")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="solver time limit in seconds; the best schedule found by then is kept")
+                   help="seconds for everything after the capture and the costing: the smallest-budget "
+                        "search (--min-budget: half of it), the solve and the timing of the solved "
+                        "schedule (CPU, measured costs: the solver gets half) share one deadline; the "
+                        "best schedule found by then is kept")
     p.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
                    help="stop once the schedule is proven within this fraction of the best bound "
                         "(default %(default)g; 0: optimal)")
@@ -117,7 +121,7 @@ def add_arguments(p) -> None:
                    help="on the CPU with measured costs (hybrid, profile), do not time the solved schedule "
                         "(default: time it, a few seconds of training iterations, and predict its overhead "
                         "from its measured recomputation; in full mode solve again with it and keep the "
-                        "faster schedule, up to twice --time-limit)")
+                        "faster schedule, within --time-limit)")
     p.add_argument("--device", default="cpu", help="device the schedule is for: cpu, cuda or cuda:N")
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
                    help="mixed precision: solve for training under torch.autocast(device, dtype=bfloat16 "
@@ -149,7 +153,10 @@ def run(args) -> int:
     from monet.impls import mode_tokens
     from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
     from monet.plan import loss_outside_note
+    from monet.plan import CALIBRATED_SOLVE_SHARE
     from monet.profiling.calibration import applies as calibrates, calibrated_solve
+    from monet.solver.deadline import Deadline
+    from monet.solver.solve import SEARCH_SHARE
 
     with reported():
         mode_tokens(args.mode)
@@ -171,8 +178,10 @@ def run(args) -> int:
     bandwidth = offload_bandwidth(args.offload_bandwidth, args.mode, device)
     amp = autocast_dtype(args.autocast, device, on)
 
+    t0 = time.perf_counter()
     model, x, graph = build_and_capture(args.model, args.batch_size, shape, on, spec, amp,
                                         building=f"building {args.model}")
+    capture_s = time.perf_counter() - t0  # about what each trace of a timed executor costs
     with timed_step(f"costing ({args.cost})") as s:
         table, costs = costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
         s["note"] = f"operators {1e3 * costs.total_time:.1f} ms per iteration"
@@ -189,11 +198,14 @@ def run(args) -> int:
     if note:
         log(f"note: {note}")
     info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
+    deadline = Deadline(args.time_limit)  # one for the search, the solve and the timing
+    calibrating = args.calibrate and calibrates(args.cost, device)
+    solving = Deadline(deadline.left() * (CALIBRATED_SOLVE_SHARE if calibrating else 1.0))
     try:
         if args.min_budget:
             with timed_step(f"finding the smallest feasible budget ({args.solver}, "
-                            f"time limit {args.time_limit:g} s)") as s:
-                budget, proven = min_budget(graph, costs, args.mode, args.solver, args.time_limit,
+                            f"{SEARCH_SHARE * solving.limit_s:g} s of the time limit)") as s:
+                budget, proven = min_budget(graph, costs, args.mode, args.solver, solving.share(SEARCH_SHARE),
                                             device.split(":")[0], cost_fn, progress=log,
                                             offload_bandwidth=bandwidth)
                 # the same search, cached (with offload: a search of its own, not run for this note)
@@ -204,15 +216,18 @@ def run(args) -> int:
         elif budget is None:
             budget = parse_budget_arg(args.budget, eager)
         with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "
-                        f"{args.solver}, time limit {args.time_limit:g} s") as s:
-            kw = dict(solver=args.solver, time_limit=args.time_limit, info=info, device=device.split(":")[0],
+                        f"{args.solver}, {solving.left():.0f} s of the time limit {args.time_limit:g} s") as s:
+            kw = dict(solver=args.solver, info=info, device=device.split(":")[0],
                       cost_fn=cost_fn, progress=log, gap=args.gap, offload_bandwidth=bandwidth)
-            sol = solve(graph, costs, budget, args.mode, **kw)
-            if args.calibrate and calibrates(args.cost, device):
+            sol = solve(graph, costs, budget, args.mode, deadline=solving, **kw)
+            if calibrating:
                 first = sol
                 sol = calibrated_solve(model, x, graph, costs, first,
-                                       lambda scaled: solve(graph, scaled, first.meta.budget_bytes, args.mode, **kw),
-                                       device="cpu", cost_fn=cost_fn, log=log)
+                                       lambda scaled, again=None: solve(graph, scaled, first.meta.budget_bytes,
+                                                                        args.mode, deadline=again or Deadline(0.0),
+                                                                        **kw),
+                                       device="cpu", cost_fn=cost_fn, log=log, deadline=deadline,
+                                       trace_s=capture_s)
             s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
