@@ -36,7 +36,7 @@ setup(
         # the reach suite (tests/test_reach.py) runs real models from these three libraries; with
         # the README's `pip install torch==2.13.0 -e '.[test]'` they resolve against that torch
         # (torchvision 0.28.0); pinned so that a new release cannot ask for another torch
-        "test": ["pytest", "pytest-xdist", "highspy", "pyscipopt", "torchvision>=0.26,<0.29", "timm==1.0.31",
+        "test": ["pytest", "pytest-xdist", "wheel", "highspy", "pyscipopt", "torchvision>=0.26,<0.29", "timm==1.0.31",
                  "transformers==5.24.0"],
         "solvers": ["highspy", "pyscipopt"],
     },
