@@ -48,7 +48,7 @@ FSDP2_ALTERNATIVES = (
     "`block = fully_shard(MONeTWrapper(block, block_solution))` with a schedule solved for one block "
     "(`capture(block, x_block)` with its input as the block receives it), then `fully_shard(model)`; "
     "FSDP2 then all-gathers the block's parameters before the scheduled forward and again before its "
-    "scheduled backward (README, \"FSDP2\"); (2) DistributedDataParallel: `DDP(MONeTWrapper(model, solution))` "
+    "scheduled backward (docs/guide.md, \"FSDP2\"); (2) DistributedDataParallel: `DDP(MONeTWrapper(model, solution))` "
     "with unsharded parameters")
 
 

@@ -113,7 +113,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             before ``step``): the parameters' gradients then stay allocated through every forward
             and backward pass after the first, so their bytes are taken out of the budget too.
         reserved_bytes: bytes held outside this graph during its forward and backward, taken out
-            of the budget too.  For one block under FSDP2 (README, "FSDP2"): the whole model's
+            of the budget too.  For one block under FSDP2 (docs/guide.md, "FSDP2"): the whole model's
             sharded parameters, sharded gradients and sharded optimizer state (each 1/world_size
             of the unsharded bytes), the next block's all-gathered parameters when FSDP2 prefetches,
             and the activations the other blocks keep; the block's own all-gathered parameters and
