@@ -115,7 +115,7 @@ def test_solved_again_with_the_measured_recomputation(plan, budget, monkeypatch,
     first = _measured_at(plan.costs, sol.meta.objective_s, recompute, 0.5, executor=0.1)
     timings = []
 
-    def measured(model, inputs, graph, timed_sol, keep, repeats=None):
+    def measured(model, inputs, graph, timed_sol, keep, repeats=None, deadline=None):
         # the first schedule: its recomputation measures half the predicted; the one solved again
         # measures 10 % less (or more) over keeping everything than the first
         m, k, p = first
@@ -127,7 +127,7 @@ def test_solved_again_with_the_measured_recomputation(plan, budget, monkeypatch,
     monkeypatch.setattr(calibration, "measure_schedule", measured)
     seen = []
 
-    def again(costs):
+    def again(costs, deadline=None):
         seen.append(costs)
         return solve(plan.graph, costs, sol.meta.budget_bytes, mode, time_limit=10, device="cpu", cost_fn=counting)
 
@@ -229,7 +229,7 @@ def test_plan_calibrates_measured_cpu_costs_only(plan, budget, monkeypatch):
     assert not plan.calibrates  # analytic costs: nothing measured to calibrate
     timed = []
 
-    def measured(model, inputs, graph, sol, keep, repeats=None):
+    def measured(model, inputs, graph, sol, keep, repeats=None, deadline=None):
         timed.append(sol)
         return _measured_at(plan.costs, sol.meta.objective_s, recompute_seconds(plan.graph, plan.costs, sol),
                             2 * RATIO_MAX)

@@ -224,7 +224,7 @@ def test_fp32_solution_under_autocast_refused(setup):
     before = copy.deepcopy(wrapped.state_dict())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with pytest.raises(RuntimeError, match=r"made without autocast.*bfloat16 autocast on cpu.*"
-                                               r"outside the autocast context.*--autocast bf16") as e:
+                                               r"outside the autocast context.*autocast_dtype=torch.bfloat16") as e:
             wrapped(x)
     assert isinstance(e.value, AutocastMismatchError) and isinstance(e.value, SolutionMismatchError)
     assert all(torch.equal(before[k], v) for k, v in wrapped.state_dict().items())  # nothing ran
