@@ -35,8 +35,12 @@ setup(
     extras_require={
         # the reach suite (tests/test_reach.py) runs real models from these three libraries; with
         # the README's `pip install torch==2.13.0 -e '.[test]'` they resolve against that torch
-        # (torchvision 0.28.0); pinned so that a new release cannot ask for another torch
-        "test": ["pytest", "pytest-xdist", "wheel", "highspy", "pyscipopt", "torchvision>=0.26,<0.29", "timm==1.0.31",
+        # (torchvision 0.28.0; 0.26.0 for 2.11, 0.29.1 for 2.14, each pinning its torch); bounded so
+        # that a new release cannot ask for another torch.  torch 2.15.0 has no torchvision (nor
+        # timm, which needs it) yet: install the project there without [test] (README, "Tested
+        # PyTorch releases"); their tests skip.  wheel: setuptools < 70.1 builds editable installs
+        # with it (tests/test_install.py)
+        "test": ["pytest", "pytest-xdist", "wheel", "highspy", "pyscipopt", "torchvision>=0.26,<0.30", "timm==1.0.31",
                  "transformers==5.24.0"],
         "solvers": ["highspy", "pyscipopt"],
     },
