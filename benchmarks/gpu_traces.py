@@ -9,8 +9,10 @@ with its CUDA terms (`monet.profiling.cuda_memory`), against what the H100 alloc
 Configurations (`CONFIGS`; ``--tiny`` the same shapes of model at test size, for the CPU):
 
 * ``resnet50-184-5GB-normal``: the zoo's ResNet-50, batch 184, 3x224x224 fp32, a normal-mode schedule
-  solved here at 5 GiB (with the per-node costs of ``--profile``, by default the H100 profile in
-  ``zoo/profiles`` or ``tests/data/profiles`` when its fingerprint fits, else analytic ones);
+  solved here at 5 GiB with the per-node costs of ``--profile`` (by default the H100 profile of
+  2026-11-27, ``benchmarks/profiles/dd595582476cd27f_NVIDIA-H100-80GB-HBM3_torch2.11.0-cu130.csv``,
+  when its fingerprint fits; else analytic costs), whose measured workspace the trace's simulation
+  then counts;
 * ``resnet50-184-keepall``: the same, keeping everything (plain PyTorch's schedule);
 * ``gpt2-small-8-50pct-normal``: the zoo's GPT-2 small, batch 8 x 1024 tokens, fp32, normal mode
   at 50 % of its simulated plain peak.
@@ -84,7 +86,7 @@ def find_profile(explicit: str | None) -> Path | None:
     """``--profile``, else the H100 profile of ResNet-50 at batch 184 where the repository keeps one."""
     if explicit:
         return Path(explicit)
-    for folder in (ROOT / "zoo" / "profiles", ROOT / "tests" / "data" / "profiles", ROOT.parent / "shared" / "gpu" / "profiles"):
+    for folder in (ROOT / "zoo" / "profiles", ROOT / "benchmarks" / "profiles", ROOT.parent / "shared" / "gpu" / "profiles"):
         if (folder / PROFILE_NAME).exists():
             return folder / PROFILE_NAME
     return None

@@ -622,14 +622,15 @@ def _recorded_env(env: dict):
 # scaled_dot_product_attention into matmuls instead) is simulated as it was recorded, on any machine
 
 
-def _target_name(t) -> str:
+def _target_name(n: fx.Node) -> str:
     import operator
 
-    if t is operator.getitem:
+    if n.target is operator.getitem:
         return "operator.getitem"
-    if isinstance(t, torch._ops.OpOverload):
-        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
-    raise TraceFormatError(f"cannot record the graph's target {t!r}: only ATen-style operators and getitem")
+    name = op_name(n)  # "aten.convolution.default" for an operator overload
+    if name.count(".") < 2 or name.startswith("monet."):
+        raise TraceFormatError(f"cannot record the graph's target {n.target!r}: only operator overloads and getitem")
+    return name
 
 
 def _resolve_target(name: str):
@@ -714,7 +715,7 @@ def graph_to_json(graph) -> dict:
     """
     nodes = []
     for n in graph.joint.graph.nodes:
-        target = _target_name(n.target) if n.op == "call_function" else n.target
+        target = _target_name(n) if n.op == "call_function" else n.target
         nodes.append([n.op, n.name, target, _enc(n.args), _enc(n.kwargs), _enc(n.meta.get("val"))])
     return {"nodes": nodes, "num_fwd_outputs": graph.num_fwd_outputs, "primal_kinds": dict(graph.primal_kinds),
             "autocast": list(graph.autocast) if graph.autocast else None}

@@ -5,7 +5,6 @@ memory model and the allocator part."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from usernet import UserNet
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "tests" / "data" / "traces").glob("*.json.gz"))
 SCRIPT = ROOT / "benchmarks" / "gpu_traces.py"
+USERNET = f"{ROOT / 'tests' / 'usernet.py'}:UserNet"
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +37,17 @@ def recorded():
     graph = capture(model, x)
     costs = costs_for(graph, analytic_costs(graph))
     sol = solve(graph, costs, int(0.7 * eager_peak(graph, costs)), "normal", time_limit=20,
-                info=dict(model="tests/usernet.py:UserNet", batch_size=4, input_shape=(3, 16, 16), dtype="float32"))
+                info=dict(model=USERNET, batch_size=4, input_shape=(3, 16, 16), dtype="float32"))
     assert sol.schedule.recompute_count() > 0
-    derived = tr.record_trace(model, x, sol, model_name="tests/usernet.py:UserNet", label="70% normal")
-    zero = tr.record_trace(model, x, sol, model_name="tests/usernet.py:UserNet",
+    derived = tr.record_trace(model, x, sol, model_name=USERNET, label="70% normal")
+    zero = tr.record_trace(model, x, sol, model_name=USERNET,
                            workspace=(np.zeros(len(graph.fwd), int), np.zeros(len(graph.bwd), int)),
                            workspace_source="none")
-    return derived, zero, graph
+    return derived, zero, graph, sol
 
 
 def test_recording_covers_every_node_of_both_passes(recorded):
-    trace, _, graph = recorded
+    trace, _, graph, _ = recorded
     n = trace.nodes
     assert list(n["row"]) == list(range(len(n)))
     assert set(n["pass"]) == {"forward", "backward"}
@@ -67,7 +67,7 @@ def test_cpu_measurement_agrees_with_the_simulator(recorded):
     bytes while a node runs are the simulator's plus the node's measured workspace: with none
     counted the simulator is below or equal at every node, with the recorded workspace equal at the
     iteration's peak."""
-    derived, zero, _ = recorded
+    derived, zero, _, _ = recorded
     for t in (derived, zero):
         assert (t.nodes["after_bytes"] == t.nodes["sim_after_bytes"]).all()
     assert (zero.nodes["sim_peak_bytes"] <= zero.nodes["peak_bytes"]).all()
@@ -78,7 +78,7 @@ def test_cpu_measurement_agrees_with_the_simulator(recorded):
 
 def test_events_are_attributed_to_their_nodes(recorded):
     """Each row's allocator events add up to what the row's counters say it changed."""
-    trace, _, _ = recorded
+    trace, _, _, _ = recorded
     ev = trace.events
     signed = np.where(ev["action"] == "alloc", ev["size"], -ev["size"])
     per_row = pd.Series(signed).groupby(ev["row"].to_numpy()).sum()
@@ -90,7 +90,7 @@ def test_events_are_attributed_to_their_nodes(recorded):
 
 
 def test_file_round_trip(recorded, tmp_path):
-    trace, _, _ = recorded
+    trace, _, _, _ = recorded
     path = trace.save(tmp_path / "t.json.gz")
     assert tr.is_trace_file(path)
     back = tr.Trace.load(path)
@@ -100,6 +100,25 @@ def test_file_round_trip(recorded, tmp_path):
     sim, nodes = tr.replay_trace(back)  # no model code needed: the joint graph is in the file
     assert sim.peak_bytes == trace.meta["simulated"]["peak_bytes"]
     assert (nodes["sim_after_bytes"] == trace.nodes["sim_after_bytes"]).all()
+
+
+def test_cuda_events_are_attributed_by_their_metadata():
+    """The CUDA allocator's history (the snapshot format of 2.11-2.15): alloc and free events carry
+    the row the probe stamped in ``user_metadata``; events between nodes have none (row -1); other
+    actions are dropped."""
+    snapshot = {"device_traces": [[
+        {"action": "alloc", "addr": 100, "size": 512, "stream": 0, "user_metadata": f"{tr.SCOPE}3"},
+        {"action": "free_requested", "addr": 100, "size": 512, "stream": 0, "user_metadata": f"{tr.SCOPE}4"},
+        {"action": "free_completed", "addr": 100, "size": 512, "stream": 0, "user_metadata": f"{tr.SCOPE}4"},
+        {"action": "alloc", "addr": 200, "size": 1024, "stream": 0},
+        {"action": "snapshot", "addr": 0, "size": 0, "stream": 0},
+        {"action": "segment_alloc", "addr": 0, "size": 2097152, "stream": 0, "user_metadata": ""}]]}
+    events, labelled = tr._cuda_events(snapshot, 0)
+    assert labelled
+    assert events.values.tolist() == [[3, "alloc", 512, 100], [4, "free_requested", 512, 100],
+                                      [4, "free_completed", 512, 100], [-1, "alloc", 1024, 200],
+                                      [-1, "segment_alloc", 2097152, 0]]
+    assert not tr._cuda_events({"device_traces": [[{"action": "alloc", "addr": 1, "size": 512}]]}, 0)[1]
 
 
 def test_not_a_trace(tmp_path):
@@ -117,7 +136,7 @@ def test_not_a_trace(tmp_path):
 
 
 def test_a_changed_graph_is_refused(recorded):
-    trace, _, _ = recorded
+    trace, _, _, _ = recorded
     joint = json.loads(json.dumps(trace.meta["graph"]["joint"]))
     node = next(n for n in joint["nodes"] if n[0] == "placeholder")
     node[5]["T"][0][0] += 1  # another batch size
@@ -195,7 +214,7 @@ def test_cli_replays_a_trace():
     assert "simulated / measured" in text
 
 
-def test_cli_records_a_trace(tmp_path):
+def test_cli_records_a_trace(recorded, tmp_path):
     """``monet check FILE --trace --trace-out``: records, reports, writes a trace that replays."""
     from monet.cli import main
 
@@ -203,15 +222,14 @@ def test_cli_records_a_trace(tmp_path):
     import io
 
     sol_path = tmp_path / "un.pkl"
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert main(["solve", f"{ROOT / 'tests' / 'usernet.py'}:UserNet", "--batch-size", "2", "--input-shape",
-                     "3,16,16", "--budget", "80%", "--time-limit", "10", "-o", str(sol_path)]) == 0
+    recorded[3].save(sol_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = main(["check", str(sol_path), "--trace", "--trace-out", str(tmp_path / "t.json.gz"), "--json"])
     assert code == 0
     result = json.loads(out.getvalue().strip().splitlines()[-1])
     assert result["within"] and result["measured_peak_bytes"] == result["simulated_peak_bytes"]
+    assert result["first_parting"] is None
     assert tr.compare_trace(tr.Trace.load(tmp_path / "t.json.gz")).within
 
 
