@@ -193,12 +193,23 @@ def main(argv=None) -> int:
     info = device_info(args.device)
     _log(f"device {info['name']}, torch {info['torch']}, CUDA {info['cuda']}, cuDNN {info['cudnn']}, "
          f"cuBLAS {info['cublas']}; profile {profile}")
-    summaries = [record(c, args.device, out, profile, args.time_limit) for c in configs]
+    summaries = []
+    for c in configs:  # one failure (a model this torch cannot trace ...) does not cost the others
+        try:
+            summaries.append(record(c, args.device, out, profile, args.time_limit))
+        except Exception as e:  # noqa: BLE001 - reported, and the exit status says so
+            _log(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+            summaries.append({"name": c.name, "error": f"{type(e).__name__}: {e}"})
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
     (out / "versions.json").write_text(json.dumps({"device": info, "traces": summaries}, indent=1))
     for s in summaries:
-        print(f"{s['name']}: measured {s['measured_peak']:,} B, simulated {s['simulated_peak']:,} B "
-              f"(ratio {s['ratio']}), first parting: {s['first_parting']}; {s['bytes']:,} B file, {s['seconds']} s")
-    return 0
+        if "error" in s:
+            print(f"{s['name']}: FAILED: {s['error']}")
+        else:
+            print(f"{s['name']}: measured {s['measured_peak']:,} B, simulated {s['simulated_peak']:,} B "
+                  f"(ratio {s['ratio']}), first parting: {s['first_parting']}; {s['bytes']:,} B file, {s['seconds']} s")
+    return 1 if any("error" in s for s in summaries) else 0
 
 
 if __name__ == "__main__":
