@@ -210,6 +210,16 @@ def detect_fake_mode(tensors):
     return _detect(tensors)
 
 
+def fake_tensor_on(mode, meta: torch.Tensor, device: torch.device):
+    """A FakeTensor of ``mode`` (`fake_mode`) with the metadata (shape, strides, dtype, storage) of
+    the meta tensor ``meta`` that reports ``device`` (e.g. cuda:0, also where this torch has no CUDA):
+    ``torch._subclasses.fake_tensor.FakeTensor(mode, meta, device)``, the constructor's signature in
+    2.11-2.15."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor(mode, meta, torch.device(device))
+
+
 def is_fake(t) -> bool:
     """True for a FakeTensor (``torch._subclasses.fake_tensor.FakeTensor``, 2.11-2.15)."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -361,6 +371,22 @@ def allocation_events(prof) -> list:
     Raises:
         RuntimeError: the event tree is no longer there (a torch outside `SUPPORTED`).
     """
+    return [e[:4] for e in scoped_allocation_events(prof, None)[0]]
+
+
+def scoped_allocation_events(prof, prefix: str | None) -> tuple[list, list]:
+    """`allocation_events` with the scope of each: ``(events, scopes)``.
+
+    ``events``: (start_time_ns, bytes, ptr, device type, scope) in tree order, ``scope`` the name of
+    the innermost enclosing event whose name starts with ``prefix`` (a
+    ``torch.profiler.record_function(name)`` around the code that allocated), None outside any (or
+    when ``prefix`` is None).  ``scopes``: (name, start_time_ns, end_time_ns) of every event whose
+    name starts with ``prefix``, in tree order.  Same event tree as `allocation_events` (2.11-2.15:
+    a ``record_function`` is a node of the tree, the allocations made inside it its descendants).
+
+    Raises:
+        RuntimeError: the event tree is no longer there (a torch outside `SUPPORTED`).
+    """
     from torch._C._profiler import _EventType
 
     try:
@@ -368,19 +394,68 @@ def allocation_events(prof) -> list:
     except AttributeError as exc:
         raise RuntimeError(f"torch {torch.__version__}'s profiler no longer exposes "
                            "kineto_results.experimental_event_tree(): monet/compat.py needs updating") from exc
-    out = []
-    stack = list(reversed(roots))
+    events, scopes = [], []
+    stack = [(node, None) for node in reversed(roots)]
     while stack:  # depth-first, children in order
-        node = stack.pop()
+        node, scope = stack.pop()
         if node.tag == _EventType.Allocation:
             ef = node.extra_fields
-            out.append((int(node.start_time_ns), int(ef.alloc_size), int(ef.ptr), ef.device.type))
-        stack.extend(reversed(node.children))
-    return out
+            events.append((int(node.start_time_ns), int(ef.alloc_size), int(ef.ptr), ef.device.type, scope))
+        elif prefix is not None and node.name.startswith(prefix):
+            scope = node.name
+            scopes.append((node.name, int(node.start_time_ns), int(node.end_time_ns)))
+        stack.extend((child, scope) for child in reversed(node.children))
+    return events, scopes
+
+
+# ----------------------------------------------------------------------------------------------
+# the CUDA caching allocator's history
+# ----------------------------------------------------------------------------------------------
+
+
+def cuda_memory_history(enabled: bool, max_entries: int = 2_000_000) -> None:
+    """Start (``enabled``) or stop recording the CUDA caching allocator's alloc / free events:
+    ``torch.cuda.memory._record_memory_history("all" | None, context=None, stacks="python",
+    max_entries=max_entries)``, without stack traces (the events are attributed by
+    `cuda_memory_metadata` instead).  The keyword signature is that of 2.11-2.15 (read in 2.14.1's
+    torch/cuda/memory.py; the string form of ``enabled`` replaced the boolean one in 2.1)."""
+    torch.cuda.memory._record_memory_history("all" if enabled else None, context=None, stacks="python",
+                                             max_entries=max_entries)
+
+
+def cuda_memory_snapshot() -> dict:
+    """``torch.cuda.memory._snapshot()``: ``{"segments": [...], "device_traces": [[entry, ...] per
+    device]}``, each trace entry a dict with ``action`` ("alloc", "free_requested",
+    "free_completed", "segment_alloc", "segment_free", "oom", "snapshot"), ``addr``, ``size``
+    (bytes: the allocator's block), ``stream``, ``time_us`` and, where set, ``user_metadata``
+    (`cuda_memory_metadata`).  The format of 2.11-2.15 (``TraceEntry`` in torch/cuda/memory.py)."""
+    return torch.cuda.memory._snapshot()
+
+
+def cuda_memory_metadata(label: str) -> bool:
+    """Stamp ``label`` on the CUDA allocator's trace events the calling thread generates from now on
+    (``torch.cuda.memory._set_memory_metadata``; "" clears it); False where this torch has no such
+    function (it came with PR #165490, October 2025: 2.10 and later, so present in 2.11-2.15 as
+    read in 2.14.1's sources; not run on 2.11 here, without a GPU).  Thread-local: set it in the
+    thread that allocates (autograd runs a CUDA backward pass in its own device thread)."""
+    setter = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+    if setter is None:
+        return False
+    setter(label)
+    return True
+
+
+def boxed_list_function(fn):
+    """``fn`` (one argument: the list of inputs, which it may clear to free them early) marked for
+    AOTAutograd's boxed calling convention: the ``_boxed_call`` attribute its runtime checks
+    (``call_func_at_runtime_with_args``; what ``make_boxed_func`` sets) in 2.11-2.15."""
+    fn._boxed_call = True
+    return fn
 
 
 __all__ = ["SUPPORTED", "torch_version", "check_version", "aot_module", "boxed_function", "boxed_codegen",
            "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents",
-           "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend", "forget_code",
-           "detect_fake_mode", "is_fake", "fake_mode", "backend_flags", "strict_fp32", "numerics",
-           "quiet_profile", "allocation_events"]
+           "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend",
+           "forget_code", "detect_fake_mode", "is_fake", "fake_mode", "fake_tensor_on", "backend_flags", "strict_fp32",
+           "numerics", "quiet_profile", "allocation_events", "scoped_allocation_events", "cuda_memory_history",
+           "cuda_memory_snapshot", "cuda_memory_metadata", "boxed_list_function"]

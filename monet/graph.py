@@ -152,6 +152,14 @@ class OpGraph:
         primal_sources: what feeds each ``primals_*`` placeholder, set by the capture: the model's
             parameter or buffer name, a lifted constant tensor, or the index of an input leaf
             (`monet.frontend.primal_sources`); None for a graph built otherwise.
+        device: the device type the step runs on, which decides how bytes are counted
+            (`monet.profiling.cuda_memory.memory_terms`): ``"cuda"`` (allocator blocks, library
+            workspaces), else exact bytes (``"cpu"``; ``"meta"`` for a capture on the meta device,
+            counted as on CPU unless the caller sets ``"cuda"``).  Not part of the fingerprint.
+        cuda_capability: the GPU's compute capability (major, minor) when known (a capture on a
+            CUDA device; set by hand for a meta capture), for the cuBLAS workspace size.
+        library_bytes: bytes held outside the graph's nodes through the step (the BLAS workspaces
+            of a CUDA graph, set by `monet.profiling.cuda_memory.sized_graph`; 0 otherwise).
     """
 
     fwd: list[Node]
@@ -174,6 +182,9 @@ class OpGraph:
     autocast: tuple[str, str] | None = None  # ("cpu", "bfloat16") when traced under torch.autocast
     loss_output: bool = False  # a forward output is a scalar: training starts backward from it
     primal_sources: list | None = None  # what feeds each primal (`monet.frontend.primal_sources`)
+    device: str = "cpu"
+    cuda_capability: tuple[int, int] | None = None
+    library_bytes: int = 0
 
     @property
     def fwd_tangent_bytes(self) -> int:
@@ -370,8 +381,14 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
     inputs = [p for p in placeholders if kinds.get(p.name) == "input" and isinstance(p.meta.get("val"), torch.Tensor)]
     in_shape = tuple(int(d) for d in inputs[0].meta["val"].shape) if inputs else ()
     in_dtype = str(inputs[0].meta["val"].dtype).removeprefix("torch.") if inputs else ""
+    devices = {t.device for p in placeholders for t in tensors_in(p.meta.get("val"))}
+    cuda = sorted((d for d in devices if d.type == "cuda"), key=str)
+    device = "cuda" if cuda else ("cpu" if any(d.type == "cpu" for d in devices) or not devices
+                                  else sorted(devices, key=str)[0].type)
+    capability = tuple(torch.cuda.get_device_capability(cuda[0])) if cuda and torch.cuda.is_available() else None
     return OpGraph(input_shape=in_shape, input_dtype=in_dtype, fwd=fwd, bwd=bwd, values=values, alias_root=alias_root, primal_kinds=kinds,
                    param_bytes=_bytes_of("param"), buffer_bytes=_bytes_of("buffer"),
                    input_bytes=_bytes_of("input"), output_bytes=output_bytes, tangent_bytes=tangent_bytes,
                    fingerprint=fingerprint(summary), summary=summary, joint=joint,
-                   num_fwd_outputs=num_fwd_outputs, autocast=autocast, loss_output=loss_output)
+                   num_fwd_outputs=num_fwd_outputs, autocast=autocast, loss_output=loss_output,
+                   device=device, cuda_capability=capability)

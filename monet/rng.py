@@ -48,7 +48,12 @@ def state_meta(device: str) -> torch.Tensor:
     traced value (``meta['val']``) of a saved state, for the simulator and the ILP's memory model.
     A graph traced on the meta device (solving for a GPU without one) gets the CPU generator's
     size, the larger: an upper bound wherever the schedule runs."""
-    state = rng_state("cpu" if torch.device(device).type == "meta" else device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        # a CUDA graph simulated without a GPU (a recorded trace, `monet.profiling.trace`): the CUDA
+        # generator's state is its seed and offset, 8 bytes each (CUDAGeneratorImpl::get_state)
+        return torch.empty(16, dtype=torch.uint8, device="meta")
+    state = rng_state("cpu" if dev.type == "meta" else device)
     return torch.empty(state.shape, dtype=state.dtype, device="meta")
 
 

@@ -40,8 +40,11 @@ class SimResult:
 
     ``peak_bytes`` over the whole iteration (constants included); ``fwd_peak_bytes`` and
     ``bwd_peak_bytes`` per pass; ``constant_bytes`` = parameters + buffers + input + output
-    gradient (during the forward pass only `OpGraph.fwd_tangent_bytes` of the gradient); ``saved_bytes``: what the forward hands to the backward; ``peak_at``: the FX node
-    at the peak.
+    gradient (during the forward pass only `OpGraph.fwd_tangent_bytes` of the gradient) + what the
+    device's libraries hold (`OpGraph.library_bytes`: CUDA's BLAS workspaces); ``saved_bytes``: what
+    the forward hands to the backward; ``peak_at``: the FX node at the peak.  ``timeline``: with
+    ``simulate(..., timeline=True)``, one `TimelineRow` per ``call_function`` node of the forward
+    module, then of the backward module, in execution order; else None.
     """
 
     peak_bytes: int
@@ -50,10 +53,34 @@ class SimResult:
     constant_bytes: int
     saved_bytes: int
     peak_at: str
+    timeline: list | None = None
+
+
+@dataclass
+class TimelineRow:
+    """One FX node of the replay, bytes live over the whole iteration (constants included).
+
+    Attributes:
+        pass_: ``"forward"`` or ``"backward"``.
+        name: the FX node's name in its module.
+        peak_bytes: bytes allocated while the node runs: what is live before it, its outputs and its
+            workspace (for a view, a getitem or an op that allocates nothing: what is live).
+        after_bytes: bytes live after it, once the values whose last use it is are freed.
+        outputs_bytes: bytes its outputs take (0 for views and in-place ops).
+        workspace_bytes: the workspace counted while it runs.
+    """
+
+    pass_: str
+    name: str
+    peak_bytes: int
+    after_bytes: int
+    outputs_bytes: int
+    workspace_bytes: int
 
 
 def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
-           live: dict[str, int]) -> tuple[int, str, dict[str, int]]:
+           live: dict[str, int], nbytes: Callable[[object], int] = tensor_bytes,
+           timeline: list | None = None) -> tuple[int, str, dict[str, int]]:
     """Replay one FX graph; return (peak of tracked bytes, node at the peak, bytes live at the end).
 
     Args:
@@ -61,6 +88,10 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
         workspace: bytes of temporary memory an op needs while it runs.
         held: storage roots never freed here (primals, tangents: owned by the caller).
         live: storages live on entry (root name -> bytes), e.g. the saved tensors; updated.
+        nbytes: bytes one (fake) tensor takes (`monet.graph.tensor_bytes`; on CUDA its allocator
+            block, `monet.profiling.cuda_memory.MemoryTerms.tensor`).
+        timeline: when a list, one `TimelineRow` per ``call_function`` node is appended (bytes
+            tracked here, without the caller's constants; ``pass_`` left empty).
     """
     nodes = list(graph.nodes)
     pos = {n: k for k, n in enumerate(nodes)}
@@ -75,40 +106,59 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
         dies_at.setdefault(at, []).append(r)
     peak, peak_at = sum(live.values()), "start"
     for k, n in enumerate(nodes):
+        outs, ws, now = {}, 0, None
         if n.op == "call_function" and not is_alias(n) and not is_inplace(n) and not aliases_first(n):
             val = n.meta.get("val")
             multi = isinstance(val, (tuple, list))
             if multi:
                 getitems = {u.args[1]: u.name for u in n.users if u.target is operator.getitem}
-                outs = {getitems.get(j, f"{n.name}#{j}"): tensor_bytes(t) if t is not None else 0
-                        for j, t in enumerate(val) if isinstance(t, __import__("torch").Tensor)}
+                outs = {getitems.get(j, f"{n.name}#{j}"): nbytes(t) if t is not None else 0
+                        for j, t in enumerate(val) if isinstance(t, torch.Tensor)}
             elif getattr(n.target, "host_output", False):  # a copy in host memory (`monet.offload`)
                 outs = {n.name: 0}
             else:
-                outs = {n.name: sum(tensor_bytes(t) for t in tensors_in(val))}
-            now = sum(live.values()) + sum(outs.values()) + max(0, int(workspace(n)))
+                outs = {n.name: sum(nbytes(t) for t in tensors_in(val))}
+            ws = max(0, int(workspace(n)))
+            now = sum(live.values()) + sum(outs.values()) + ws
             if now > peak:
                 peak, peak_at = now, n.name
             live.update(outs)
-            for name in outs:  # outputs nobody reads die with the op
-                if name not in last and name not in held:
-                    live.pop(name, None)
+            for name in outs:  # outputs nobody reads die with the op, or with its tuple (FX frees the
+                if name not in last and name not in held:  # tuple after its last getitem)
+                    if multi and n.name in last:
+                        dies_at.setdefault(last[n.name], []).append(name)
+                    else:
+                        live.pop(name, None)
+        elif timeline is not None and n.op == "call_function":
+            now = sum(live.values())
         for r in dies_at.get(k, ()):  # was a scan of `last` per node: 153 s of GoogLeNet's 158 s
             if r not in held:
                 live.pop(r, None)
+        if timeline is not None and n.op == "call_function":
+            timeline.append(TimelineRow("", n.name, now, sum(live.values()), sum(outs.values()), ws))
     return peak, peak_at, live
 
 
 def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
-             fwd_workspace=None, bwd_workspace=None) -> SimResult:
+             fwd_workspace=None, bwd_workspace=None, timeline: bool = False) -> SimResult:
     """Simulated peak of one iteration of the executor's modules (bytes).
+
+    Bytes are counted as the graph's device counts them (`monet.profiling.cuda_memory.memory_terms`):
+    exact tensor bytes on CPU; on CUDA each tensor as its allocator block, plus the BLAS libraries'
+    workspaces held through the step.
 
     Args:
         graph: the `OpGraph` the modules were built from.
         fw, bw: `monet.executor.build_modules`'s result.
         fwd_workspace, bwd_workspace: per-node workspace in bytes, indexed by forward / backward
             node id (arrays of length N and T); None means zero.
+        timeline: also return the per-node `TimelineRow` list (``SimResult.timeline``), bytes over
+            the whole iteration as the peaks are.
     """
+    from monet.profiling.cuda_memory import memory_terms, sized_graph
+
+    terms = memory_terms(graph)
+    sized = sized_graph(graph)
     fwd_id = {n.name: n.id for n in graph.fwd}
     bwd_id = {n.name: n.id for n in graph.bwd}
 
@@ -130,10 +180,12 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
             return int(bwd_workspace[i])
         return 0
 
-    constant = graph.param_bytes + graph.buffer_bytes + graph.input_bytes + graph.tangent_bytes
-    fwd_constant = constant - graph.tangent_bytes + graph.fwd_tangent_bytes
+    constant = (sized.param_bytes + sized.buffer_bytes + sized.input_bytes + sized.tangent_bytes
+                + sized.library_bytes)
+    fwd_constant = constant - sized.tangent_bytes + sized.fwd_tangent_bytes
     primals = {n.name for n in fw.graph.nodes if n.op == "placeholder"}
-    fwd_peak, fwd_at, _ = replay(fw.graph, ws, primals, {})
+    fwd_rows = [] if timeline else None
+    fwd_peak, fwd_at, _ = replay(fw.graph, ws, primals, {}, terms.tensor, fwd_rows)
 
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     # the caller holds ``g`` of ``y.backward(g)``; of the output gradients autograd creates for
@@ -144,20 +196,28 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
         return not graph.loss_output or (isinstance(val, torch.Tensor) and val.dim() == 0)
 
     held = {n.name for n in bw_inputs if n.name in primals or (n.name.startswith(TANGENT) and held_tangent(n))}
-    saved = {n.name: 0 if n.meta.get("monet_host") else sum(tensor_bytes(t) for t in tensors_in(n.meta.get("val")))
+    saved = {n.name: 0 if n.meta.get("monet_host") else terms.of(n.meta.get("val"))
              for n in bw_inputs if n.name not in held}  # offloaded values are on the host (`monet.offload`)
     saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))
-    bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved))
-    held_tangents = sum(tensor_bytes(n.meta["val"]) for n in bw_inputs
+    bwd_rows = [] if timeline else None
+    bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved), terms.tensor, bwd_rows)
+    held_tangents = sum(terms.tensor(n.meta["val"]) for n in bw_inputs
                         if n.name.startswith(TANGENT) and n.name in held)
-    bwd_total = constant - graph.tangent_bytes + held_tangents + bwd_peak + graph.output_bytes
+    bwd_base = constant - sized.tangent_bytes + held_tangents + sized.output_bytes
+    bwd_total = bwd_base + bwd_peak
     fwd_total = fwd_constant + fwd_peak
+    rows = None
+    if timeline:
+        rows = [TimelineRow("forward", r.name, r.peak_bytes + fwd_constant, r.after_bytes + fwd_constant,
+                            r.outputs_bytes, r.workspace_bytes) for r in fwd_rows]
+        rows += [TimelineRow("backward", r.name, r.peak_bytes + bwd_base, r.after_bytes + bwd_base,
+                             r.outputs_bytes, r.workspace_bytes) for r in bwd_rows]
     return SimResult(peak_bytes=max(fwd_total, bwd_total), fwd_peak_bytes=fwd_total,
                      bwd_peak_bytes=bwd_total, constant_bytes=constant, saved_bytes=saved_bytes,
-                     peak_at=fwd_at if fwd_total >= bwd_total else bwd_at)
+                     peak_at=fwd_at if fwd_total >= bwd_total else bwd_at, timeline=rows)
 
 
-def schedule_peak(graph: OpGraph, costs, schedule: Schedule) -> SimResult:
+def schedule_peak(graph: OpGraph, costs, schedule: Schedule, timeline: bool = False) -> SimResult:
     """The reference peak of ``schedule`` on ``graph``: `simulate` of the modules the executor builds
     from it (`monet.executor.build_modules`), in bytes.
 
@@ -166,9 +226,11 @@ def schedule_peak(graph: OpGraph, costs, schedule: Schedule) -> SimResult:
             (``schedule.impl``; `monet.impls.apply_impls`).
         costs: per-node workspace, anything with ``fwd_workspace`` (N,) and ``bwd_workspace`` (T,)
             in bytes (a `monet.profiling.costs.CostArrays`); None: no workspace.
+        timeline: also return the per-node timeline (`simulate`).
 
     Raises:
         monet.executor.ScheduleError: the schedule cannot run (`monet.executor.check_steps`).
     """
     fw, bw = build_modules(graph, schedule)
-    return simulate(graph, fw, bw, getattr(costs, "fwd_workspace", None), getattr(costs, "bwd_workspace", None))
+    return simulate(graph, fw, bw, getattr(costs, "fwd_workspace", None), getattr(costs, "bwd_workspace", None),
+                    timeline=timeline)

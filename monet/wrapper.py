@@ -53,14 +53,19 @@ class ScheduledModule(nn.Module):
             trace bakes into the graph; recorded in the graph's fingerprint.  AOTAutograd runs the
             traced graphs with autocast disabled (its ``disable_amp``), so the recorded casts are
             not applied a second time.  None: the setting in force at the first call.
+        runner: how the forward and backward modules run: ``runner(gm, "forward" | "backward")``
+            returns the callable AOTAutograd calls, boxed (one list of inputs; the backward's may
+            be cleared); None: the modules' own generated code.  `monet.profiling.trace` runs them
+            node by node to measure each node's memory.
     """
 
-    def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None):
+    def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None, runner=None):
         super().__init__()
         self.model = model
         self._make_schedule = make_schedule
         self._check = check
         self._autocast = autocast
+        self._runner = runner
         self._traces: dict = {}  # call_key -> traced module (a plain dict: no submodules)
         self.monet_compiled: dict = {}
 
@@ -95,7 +100,11 @@ class ScheduledModule(nn.Module):
             holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
             return fw, bw
 
-        return trace(gm, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
+        if self._runner is None:
+            return trace(gm, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
+        runner = self._runner
+        return trace(gm, partition, fw_compiler=lambda m, _inputs: runner(m, "forward"),
+                     bw_compiler=lambda m, _inputs: runner(m, "backward"))
 
     @property
     def traces(self) -> MappingProxyType:

@@ -66,6 +66,7 @@ __all__ = [
     "measure_peak_dispatch",
     "live_tensor_bytes",
     "cpu_allocation_events",
+    "cpu_scoped_allocation_events",
 ]
 
 
@@ -200,9 +201,20 @@ def cpu_allocation_events(fn: Callable[[], Any]) -> list[tuple[int, int, int]]:
     during the call are dropped (see the module docstring), so the running sum of
     ``signed_bytes`` is the memory the call added on top of what was live at its start.
     """
+    return [e[:3] for e in cpu_scoped_allocation_events(fn, None)[0]]
+
+
+def cpu_scoped_allocation_events(fn: Callable[[], Any], prefix: str | None):
+    """`cpu_allocation_events` with the scope of each event: ``(events, scopes)``.
+
+    ``events``: ``(time_ns, signed_bytes, ptr, scope)`` in time order, ``scope`` the name of the
+    innermost ``torch.profiler.record_function`` around the allocation whose name starts with
+    ``prefix`` (None outside any, or when ``prefix`` is None).  ``scopes``: ``(name, start_ns,
+    end_ns)`` of those ``record_function`` ranges (`monet.compat.scoped_allocation_events`).
+    """
     from torch.profiler import ProfilerActivity
 
-    from monet.compat import allocation_events, quiet_profile
+    from monet.compat import quiet_profile, scoped_allocation_events
 
     with quiet_profile(
         activities=[ProfilerActivity.CPU],
@@ -213,15 +225,16 @@ def cpu_allocation_events(fn: Callable[[], Any]) -> list[tuple[int, int, int]]:
         result = fn()
         del result
 
-    raw: list[tuple[int, int, int, int]] = []  # (time, traversal order, bytes, ptr)
-    for t, nbytes, ptr, device in allocation_events(prof):  # the tree order breaks timestamp ties
+    found, scopes = scoped_allocation_events(prof, prefix)
+    raw: list[tuple] = []  # (time, traversal order, bytes, ptr, scope)
+    for t, nbytes, ptr, device, scope in found:  # the tree order breaks timestamp ties
         if device == "cpu" and nbytes != 0:
-            raw.append((t, len(raw), nbytes, ptr))
-    raw.sort()
+            raw.append((t, len(raw), nbytes, ptr, scope))
+    raw.sort(key=lambda e: e[:2])
 
-    events: list[tuple[int, int, int]] = []
+    events: list[tuple[int, int, int, str | None]] = []
     live: dict[int, int] = {}  # ptr -> bytes, for blocks allocated during the call
-    for t, _, nbytes, ptr in raw:
+    for t, _, nbytes, ptr, scope in raw:
         if nbytes > 0:
             live[ptr] = nbytes
         else:
@@ -229,8 +242,8 @@ def cpu_allocation_events(fn: Callable[[], Any]) -> list[tuple[int, int, int]]:
             if size is None:  # block from before the call: its free is not trusted
                 continue
             nbytes = -size
-        events.append((t, nbytes, ptr))
-    return events
+        events.append((t, nbytes, ptr, scope))
+    return events, scopes
 
 
 def _measure_cpu(fn: Callable[[], Any], baseline_bytes: int | None) -> PeakMemory:

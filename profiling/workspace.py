@@ -45,11 +45,14 @@ anything else              ``out / 2 + 256``                                    
     their output (``_safe_softmax``); MKL's matmul packing buffers come from MKL's own allocator,
     which neither this bound nor the allocator-level peak (`monet.profiling.memory`) sees.
 
-CUDA (not measured here: no GPU was available).  Assumed: cuDNN's workspace is capped by what
-PyTorch lets the algorithm search use and the profiler would measure it; the bound takes the
-convolution family as ``max(w, out) + in`` and every other family as on CPU without the
-per-thread terms (one stream, no thread pool).  Solve with ``--cost hybrid`` or ``--cost profile``
-on the GPU where the schedule must hold to the byte.
+CUDA (not measured here: no GPU was available).  The bound takes the convolution family as
+``max(w, out) + in`` and every other family as on CPU without the per-thread terms (one stream, no
+thread pool).  It is a guess, not a bound: PyTorch 2.11-2.15 run the top cuDNN heuristic plan
+whatever its workspace, and nothing caps it outside benchmark mode (`monet.profiling.cuda_memory`
+reads the sources), and the H100 profile of ResNet-50 at batch 184 (torch 2.11, cuDNN 9; in
+benchmarks/profiles) exceeds it on 20 of its 106 convolution nodes, by up to 17 % (forward node 190:
+119,063,552 bytes measured, 101,761,024 bounded).  Solve with ``--cost hybrid`` or ``--cost profile`` on the GPU where the
+schedule must hold to the byte.
 """
 from __future__ import annotations
 

@@ -39,12 +39,14 @@ implementation options:
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from monet.graph import OpGraph
+from monet.profiling.cuda_memory import sized_graph
 from monet.rng import random_op_device, state_meta
 
 
@@ -99,7 +101,7 @@ class MemoryModel:
         fwd_last_reader: (N,) the last forward node that reads an output of node j (-1: none).
         bwd_read_node: (T, N) bool: backward node t reads a value of node j (under some option).
         options: the `Option` list; ``choices``: option indices per choice.
-        constant: parameters + buffers + input + output gradient.
+        constant: parameters + buffers + input + output gradient (+ `OpGraph.library_bytes` on CUDA).
         rng_state_bytes: (N,) generator state the executor saves before random node k if some
             stage recomputes it (`monet.rng`; 5,056 bytes on CPU, 16 on CUDA; 0 for other
             nodes).  Counted from node k on in the forward pass and through every stage (the
@@ -330,6 +332,11 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
             only add values that backward nodes read).
     """
     options = options or []
+    # bytes as the device counts them (CUDA: allocator blocks, library workspaces; CPU: unchanged),
+    # the same sizes the simulator uses (`monet.profiling.cuda_memory.sized_graph`)
+    given_options, graph = options, sized_graph(graph)
+    options = [o if sized_graph(o.graph) is o.graph else dataclasses.replace(o, graph=sized_graph(o.graph))
+               for o in options]
     N, T = len(graph.fwd), len(graph.bwd)
     O = len(options)
     fws = np.zeros(N) if fwd_workspace is None else np.maximum(np.asarray(fwd_workspace, dtype=float), 0)
@@ -391,7 +398,7 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
     group_option = np.array(group_option, dtype=int)
 
     # ---- forward pass
-    constant = graph.param_bytes + graph.buffer_bytes + graph.input_bytes + graph.tangent_bytes
+    constant = graph.param_bytes + graph.buffer_bytes + graph.input_bytes + graph.tangent_bytes + graph.library_bytes
     fwd_const = np.zeros(N)
     fwd_keep = np.zeros((N, G))
     fwd_opt = np.zeros((N, O))
@@ -486,5 +493,5 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
                        fwd_workspace=fws_rec, constant=constant, groups=groups,
                        group_node=np.array(group_node, dtype=int), group_of=group_of,
                        group_option=group_option, fwd_opt=fwd_opt, bwd_opt=bwd_opt, rec_ws=rec_ws,
-                       reads=reads, options=options, choices=choices, fwd_last_reader=fwd_last_reader,
+                       reads=reads, options=given_options, choices=choices, fwd_last_reader=fwd_last_reader,
                        bwd_read_node=bwd_read_node, rng_state_bytes=rng_bytes)

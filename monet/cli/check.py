@@ -16,6 +16,8 @@ examples:
   monet check r50.pkl --check-diff                  # gradients only
   monet check r50.pkl --run-bs --json               # measured peak memory, JSON last line
   monet check my_net.pkl --model my_net.py:build    # when meta.model is not importable as is
+  monet check r50.pkl --trace --trace-out r50.json.gz   # node by node: measured vs simulated bytes
+  monet check r50.json.gz                           # a recorded trace, simulated again here (no GPU)
 
 Peak memory is one forward+backward iteration after warm-up, no optimizer step, at the allocator
 (CPU: the profiler's allocation events; CUDA: max_memory_allocated). Overhead is the median
@@ -25,6 +27,14 @@ Exit status 1 when the measured peak exceeds the budget or a gradient differs by
 torch.autocast, backward outside, for both), with a tolerance of one unit of the 16-bit precision
 (bf16: 2^-7, fp16: 2^-10) for implementations that round differently; recomputation alone is
 bitwise.
+
+--trace runs one iteration node by node and prints, for every node of the forward pass and of each
+backward stage (with its recomputations), the bytes allocated after it and at its peak, measured
+(CPU: the profiler's allocator events inside the node; CUDA: the caching allocator's counters, and
+its event history) and simulated (monet.simulate); it names the first node where the two part and
+compares the peaks. --trace-out keeps the recording (gzip JSON): "monet check TRACE.json.gz"
+simulates it again on any machine. Exit status 1 when the simulated peak is not within 2 % of the
+measured one.
 """
 
 
@@ -49,6 +59,18 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:N or auto (default: the solution's device if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("--trace", action="store_true",
+                   help="record one iteration node by node, measured against simulated bytes (only this check)")
+    p.add_argument("--trace-out", metavar="PATH", default=None,
+                   help="write the recorded trace to PATH (gzip JSON, e.g. trace.json.gz); implies --trace")
+    p.add_argument("--profile", metavar="CSV", default=None,
+                   help="with --trace: the per-node workspace to simulate with, from a cost table of monet profile "
+                        "(default: derived from the recording itself)")
+    p.add_argument("--tolerance", type=int, default=None, metavar="BYTES",
+                   help="with --trace: bytes measured and simulated may differ before a node counts as parting "
+                        "(default 0.2 %% of the measured peak)")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="with --trace: print only N rows either side of the first parting node (default: all)")
 
 
 
@@ -65,6 +87,10 @@ def run(args) -> int:
     from monet.solution import SolutionMismatchError, describe, load_solution
     from monet.wrapper import MONeTWrapper
 
+    from monet.profiling.trace import is_trace_file
+
+    if is_trace_file(args.file):
+        return _replay(args)
     sol = load_solution(args.file)
     meta = sol.meta
     model_name = args.model or meta.model
@@ -94,6 +120,9 @@ def run(args) -> int:
         model, x = build_model(model_name, meta.batch_size, None if spec else meta.input_shape, device,
                           dtype=None if spec else dtype, inputs_spec=spec)
         g = chk.output_grad(model, x, autocast=amp)  # None: trained through its loss (loss_of)
+
+    if args.trace or args.trace_out:
+        return _record(args, sol, model_name, model, x, g, amp, device)
 
     def wrapped_model():
         return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
@@ -156,3 +185,63 @@ def run(args) -> int:
         print_json({**solution_fields(meta), **results, "file": str(args.file), "check_device": device,
                     "passed": not failures, "failures": failures})
     return EXIT_CHECK_FAILED if failures else 0
+
+
+def _trace_result(args, trace, comparison, path=None) -> int:
+    """Print a trace's comparison (`monet.profiling.trace.format_report`); the exit status."""
+    from monet.profiling.trace import PEAK_TOLERANCE, format_report
+
+    print(format_report(comparison, trace.meta, rows=args.rows))
+    failed = not comparison.within
+    if failed:
+        print(f"monet: check failed: simulated peak {comparison.simulated_peak} bytes is not within "
+              f"{PEAK_TOLERANCE:.0%} of the measured {comparison.measured_peak} bytes", file=sys.stderr)
+    if args.json:
+        f = comparison.first_parting
+        print_json({"file": str(args.file), "trace": str(path) if path else None,
+                    "measured_peak_bytes": comparison.measured_peak, "simulated_peak_bytes": comparison.simulated_peak,
+                    "peak_ratio": comparison.peak_ratio, "within": comparison.within,
+                    "first_parting": None if f is None else {"row": int(f["row"]), "name": f["name"], "op": f["op"],
+                                                             "pass": f["pass"], "quantity": f["quantity"],
+                                                             "difference_bytes": int(f["difference"])},
+                    "passed": not failed})
+    return EXIT_CHECK_FAILED if failed else 0
+
+
+def _record(args, sol, model_name, model, x, g, amp, device) -> int:
+    """``monet check FILE --trace``: record one iteration node by node and compare."""
+    from monet.profiling.trace import compare_trace, record_trace
+
+    workspace, source = None, None
+    if args.profile:
+        from monet.profiling.costs import costs_for
+        from monet.profiling.profiler import load_costs
+
+        table = load_costs(args.profile)
+
+        def workspace(graph):
+            c = costs_for(graph, table, where=str(args.profile))
+            return c.fwd_workspace, c.bwd_workspace
+
+        source = f"profile {args.profile}"
+    with timed_step(f"recording one iteration node by node on {device}"):
+        trace = record_trace(model, x, sol, model_name=model_name, g=g, workspace=workspace,
+                             workspace_source=source, label=f"{fmt_size(sol.meta.budget_bytes)} {sol.meta.mode}",
+                             autocast=amp)
+    path = trace.save(args.trace_out) if args.trace_out else None
+    if path:
+        print(f"trace written to {path}", file=sys.stderr)
+    return _trace_result(args, trace, compare_trace(trace, replay=False, tolerance_bytes=args.tolerance), path)
+
+
+def _replay(args) -> int:
+    """``monet check TRACE.json.gz``: simulate a recorded trace again here and compare."""
+    from monet.profiling.trace import Trace, TraceFormatError, TraceMismatchError, compare_trace
+
+    try:
+        trace = Trace.load(args.file)
+        with timed_step("rebuilding the recorded graph with fake tensors and simulating its schedule"):
+            comparison = compare_trace(trace, tolerance_bytes=args.tolerance)
+    except (TraceFormatError, TraceMismatchError) as e:
+        raise CLIError(str(e)) from None
+    return _trace_result(args, trace, comparison)
