@@ -12,6 +12,7 @@ declared, which `declare_torchvision_ops` does with ``torch.library`` before the
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import torch
 
@@ -20,7 +21,11 @@ _LIB = None
 
 def declare_torchvision_ops() -> None:
     """Declare ``torchvision::nms`` and ``torchvision::qnms`` (schemas only) when torchvision's C
-    extension did not register them, so that ``import torchvision`` works; calling either raises."""
+    extension cannot register them, so that ``import torchvision`` works; calling either raises.
+
+    The extension is loaded first where it can be (a torchvision built for this torch, e.g. the
+    CUDA builds of 2.11 and 2.14): declaring the ops there too made its registration abort the
+    process."""
     global _LIB
     if _LIB is not None:
         return
@@ -29,6 +34,15 @@ def declare_torchvision_ops() -> None:
         return
     except (AttributeError, RuntimeError):
         pass
+    spec = importlib.util.find_spec("torchvision")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for lib in sorted(__import__("pathlib").Path(folder).glob("_C*.so")):
+            try:
+                torch.ops.load_library(str(lib))
+                torch.ops.torchvision.nms.default
+                return
+            except (OSError, RuntimeError, AttributeError):
+                pass
     _LIB = torch.library.Library("torchvision", "DEF")  # noqa: TOR901 - test-only declaration
     _LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _LIB.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
