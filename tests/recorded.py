@@ -10,8 +10,10 @@ the measured workspace (the same machine on both sides) keeps measuring.
 
 A table is `profile_costs`'s (one cold run: its times are noise, the tests take its
 ``workspace_bytes``), written by `monet.profiling.profiler.save_costs` as
-``tests/data/<name>-<graph fingerprint[:16]>.csv``.  A graph whose fingerprint has no table (the
-model, the capture or the operators changed) is an error that says how to record it again:
+``tests/data/<name>-<graph fingerprint[:16]>.csv`` (``<name>-<fingerprint>-<implementations>.csv``
+for a variant graph: the fingerprint is the captured graph's, `OpGraph.impls` says what was
+applied).  A graph that has no table (the model, the capture or the operators changed) is an
+error that says how to record it again:
 
     rm tests/data/<name>-*.csv
     MONET_RECORD_COSTS=1 pytest tests/<the test file>   # measures and writes the tables it reads
@@ -45,7 +47,8 @@ def recorded_costs(name: str, model, example_input, graph) -> pd.DataFrame:
             the command that records one.
         ValueError: the table does not describe the graph (`costs_for`).
     """
-    path = DATA / f"{name}-{graph.fingerprint[:16]}.csv"
+    applied = "".join(f"-{k}={v}" for k, v in sorted(graph.impls.items()))
+    path = DATA / f"{name}-{graph.fingerprint[:16]}{applied.replace(':', '')}.csv"
     if os.environ.get("MONET_RECORD_COSTS"):
         save_costs(profile_costs(model, example_input, graph, "cpu", repeats=1, warmup=0, progress=False), path)
     if not path.is_file():
