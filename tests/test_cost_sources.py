@@ -111,18 +111,27 @@ def _hybrid_cost_fn_calls(setup, monkeypatch, argument: str, sources) -> list:
 
 def test_variant_costs_are_measured_on_cpu(setup, monkeypatch):
     """CPU hybrid variants are measured: their seconds do not follow the roofline's device, where
-    the ratio mode's (a GPU's hybrid) scale with it."""
+    the ratio mode's (a GPU's hybrid) scale with it.  The profiler answers 0.1 ms per node here, so
+    that two measurements agree exactly (two real ones differ by the machine's noise)."""
+    from monet.profiling import profiler
     from monet.profiling.costs import DeviceSpec
 
     model, x, graph, cache = setup
     assert _hybrid_cost_fn_calls(setup, monkeypatch, "measure", ("hybrid",)) == ["measured"]
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
 
+    def profiled(model, x, graph, device, repeats, warmup, progress=False, only=None, in_context=False):
+        rows = analytic_costs(graph)
+        rows = rows[[(k, i) in only for k, i in zip(rows["kind"], rows["node"])]].copy()
+        rows["time_s"] = rows["recompute_s"] = 1e-4
+        return rows
+
+    monkeypatch.setattr(profiler, "profile_costs", profiled)
     # two roofline devices 1000x apart (the fixed cost per op too)
     slow = DeviceSpec("slow", flops_per_s=1e9, bytes_per_s=1e9, launch_s=1e-3)
     fast = DeviceSpec("fast", flops_per_s=1e12, bytes_per_s=1e12, launch_s=1e-6)
     measured = [_variant_seconds(model, x, graph, table, spec, "measured") for spec in (slow, fast)]
-    assert 0.2 < measured[0] / measured[1] < 5  # two measurements, not two rooflines
+    assert measured[0] == measured[1]  # the measurements, not two rooflines
     scaled = [_variant_seconds(model, x, graph, analytic_costs(graph, spec), spec, "hybrid") for spec in (slow, fast)]
     assert scaled[0] / scaled[1] > 100
 
@@ -134,8 +143,11 @@ def test_unknown_measure_is_refused(setup):
 
 
 def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setup):
-    """At the plain peak nothing need be recomputed or made lean: every implementation full mode
-    picks must be at most as slow as PyTorch's on its nodes, by the costs the solver was given."""
+    """With memory to spare (twice the plain peak) nothing need be recomputed or made lean: every
+    implementation full mode picks must be at most as slow as PyTorch's on its nodes, by the costs
+    the solver was given.  (At the plain peak itself a faster implementation that needs more
+    memory may be paid for with a slower, leaner one elsewhere: whether that is optimal depends on
+    the numbers measured, so on the machine.)"""
     model, x, graph, cache = setup
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
     costs = costs_for(graph, table)
@@ -148,7 +160,7 @@ def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setu
             memo[k] = measured(g, keys, governed)
         return memo[k]
 
-    sol = solve(graph, costs, eager_peak(graph, costs), FULL, time_limit=20, device="cpu", cost_fn=cost_fn)
+    sol = solve(graph, costs, 2 * eager_peak(graph, costs), FULL, time_limit=20, device="cpu", cost_fn=cost_fn)
     options = implementation_options(graph, costs, FULL, "cpu", cost_fn)
     by_key = {}
     for o in options:
