@@ -320,7 +320,7 @@ def test_math_is_never_the_lean_candidate(attn):
         c = costs_for(g, analytic_costs(g))
         return dataclasses.replace(c, fwd_workspace=0 * c.fwd_workspace, bwd_workspace=0 * c.bwd_workspace)
 
-    options, _ = full_model(graph, _costs(model, x, graph), "attention", "cpu", no_workspace)
+    options, _ = full_model(graph, _costs(model, x, graph, recorded=True), "attention", "cpu", no_workspace)
     assert {o.impl for o in options} == {"default", "attention.math"}
     assert lean_impls(options) == {}
 
