@@ -13,10 +13,13 @@ before it in the stage (``R[t, j] <= R[t, i] + S[t, i]`` for an edge i -> j); a 
 it was kept or recomputed in the previous stage (``S[t+1, i] <= S[t, i] + R[t, i]``); random ops
 (dropout) are recomputed like any other, replaying the generator state saved before they ran
 (`monet.rng`); and the memory of the forward pass and of every stage fits the budget
-(`solver.memory_model`: in stage t, ``U[t]`` bounds the bytes live throughout it, with
-``K[t, g] >= S[t+1, g] + R[t, node(g)] - 1`` for a recomputed value kept into the next stage, and
-there is one row for the backward node and one per recomputed node, as MONeT's per-operator rows;
-a recomputation's workspace stays in its own row).  Objective: recomputation time (forward and backward times are constant
+(`solver.memory_model`: in stage t, ``B[t]`` bounds the constants and gradients, ``Yb[t]`` the
+forward values live while backward node t runs, and there is one row for the backward node and
+one per node the stage may recompute, as MONeT's per-operator rows; what is live at each of them
+is a chain ``Y[t, i] >= Y[t, next] - (terms between the two)`` over the stage's
+`solver.memory_model.StageEvents`, with a helper ``L >= R[t, reader]``, ``L >= S[t+1, g]`` per
+group and forward reader, so that a row holds O(1) terms, not one per group; a recomputation's
+workspace stays in its own row).  Objective: recomputation time (forward and backward times are constant
 in ``normal`` mode).
 
 With implementation options (`solver.choices`; MONeT's ``conv``/``multiway``/``newnode`` modes)
@@ -53,7 +56,7 @@ import scipy.sparse as sp
 from monet.graph import OpGraph
 from monet.schedule import ancestors
 from monet.solver.cbc import solve_cbc
-from monet.solver.memory_model import MemoryModel
+from monet.solver.memory_model import KEEP, KEEP_NEXT, LIVE, RECOMPUTE, MemoryModel
 from monet.solver.repair import (drop_greedily, improve, repaired_candidates, round_and_repair,
                                  smallest_candidate)
 from monet.solver.windows import drop_windows
@@ -134,12 +137,9 @@ def allowed(graph: OpGraph, mem: MemoryModel, mode: str = "normal", prune: bool 
     if not prune:  # MONeT's plain formulation, for contrast (`benchmarks/bench_solver.py --plain`): R everywhere
         need = np.broadcast_to(useful[None, :], (T, N)).copy()
     allow_r = np.zeros((T, N), dtype=bool) if mode == "none" else need
-    # forward edges at group level: node j reads group g
-    edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
-    eg = np.array([e[0] for e in edges], dtype=int)
-    ej = np.array([e[1] for e in edges], dtype=int)
+    eg, ej = mem.read_edges[:, 0], mem.read_edges[:, 1]  # forward node ej reads group eg
     need_g = reads.copy()
-    if len(edges):
+    if len(eg):
         tt, ee = np.nonzero(allow_r[:, ej])
         need_g[tt, eg[ee]] = True
     # S[t, g] can matter only if a stage from t on needs g
@@ -165,10 +165,7 @@ class Problem:
         gnode = mem.group_node
         rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
         reads, allow_r, allow_s = allowed(graph, mem, mode, prune)
-        # forward edges at group level: node j reads group g
-        edges = sorted({(mem.group_of[v], n.id) for n in graph.fwd for v in n.reads})
-        eg = np.array([e[0] for e in edges], dtype=int)
-        ej = np.array([e[1] for e in edges], dtype=int)
+        eg, ej = mem.read_edges[:, 0], mem.read_edges[:, 1]  # forward node ej reads group eg
         self.reads, self.allow_r, self.allow_s = reads, allow_r, allow_s
 
         r_idx = np.flatnonzero(allow_r.ravel())
@@ -214,7 +211,7 @@ class Problem:
         if len(tt):
             cons.append(sel((tt + 1) * G + gg, TG) @ Sf <= sel(tt * G + gg, TG) @ Sf + sel(tt * N + gnode[gg], TN) @ Rf)
         # 3. a recomputed node's inputs are there: R[t, j] <= R[t, node(g)] + S[t, g]
-        if len(edges) and self.r is not None:
+        if len(eg) and self.r is not None:
             tt, ee = np.nonzero(allow_r[:, ej])
             if len(tt):
                 cons.append(sel(tt * N + ej[ee], TN) @ Rf
@@ -275,64 +272,87 @@ class Problem:
                     cons += [X >= c[oi] @ self.o, X >= off.x[oi] @ self.o - total]
                     self.offload_terms.append(X)
         self.fwd_mem = fwd
-        # backward stages (rows of `solver.memory_model`): U[t] >= what lives through stage t, the
-        # constants, kept groups and recomputed groups kept into t + 1 (K[t, g] >= S[t+1, g] +
-        # R[t, node(g)] - 1); then one row for backward node t and one per recomputed node
-        MS = sp.csr_matrix((np.tile(mem.saved_bytes, T) / scale, (np.repeat(np.arange(T), G), np.arange(TG))),
-                           shape=(T, TG))
-        U = cp.Variable(T, name="U")
-        u_expr = mem.bwd_const / scale + MS @ Sf + rng_u
+        # backward stages (rows of `solver.memory_model`): B[t] >= the constants, gradients and
+        # generator states of stage t; Yb[t] >= the forward values live while backward node t runs
+        # (`MemoryModel.kept_at_backward`); one row for the backward node and one per node the stage
+        # may recompute (`MemoryModel.stage_events`)
+        B = cp.Variable(T, nonneg=True, name="B")
+        b_expr = mem.bwd_const / scale + rng_u
         if O and mem.live_opt is not None and mem.live_opt.any():
-            u_expr = u_expr + sp.csr_matrix(mem.live_opt / scale) @ Mv
-        kt, kg = np.nonzero(allow_s[1:] & allow_r[:-1][:, gnode]) if T > 1 else (np.zeros(0, int),) * 2
-        if len(kt):
-            K = cp.Variable(len(kt), nonneg=True, name="K")
-            cons.append(K >= sel((kt + 1) * G + kg, TG) @ Sf + sel(kt * N + gnode[kg], TN) @ Rf - 1)
-            u_expr = u_expr + sp.csr_matrix((mem.saved_bytes[kg] / scale, (kt, np.arange(len(kt)))),
-                                            shape=(T, len(kt))) @ K
+            b_expr = b_expr + sp.csr_matrix(mem.live_opt / scale) @ Mv
         if self.o is not None:
-            u_expr = u_expr - sp.csr_matrix(off.bwd_off()[:, self.o_idx] / scale) @ self.o
-        cons.append(U >= u_expr)
+            b_expr = b_expr - sp.csr_matrix(off.bwd_off()[:, self.o_idx] / scale) @ self.o
+        cons.append(B >= b_expr)
+        held = mem.held()
+        ht, hg = np.nonzero(held & allow_s)
+        nt, ng = np.nonzero(~held[:-1] & allow_s[1:]) if T > 1 else (np.zeros(0, int),) * 2
+        bt, bj = np.nonzero(allow_r & (mem.bwd_read_bytes > 0))
+        Yb = cp.Variable(T, nonneg=True, name="Yb")
+        cons.append(Yb >= sp.csr_matrix((np.concatenate([mem.saved_bytes[hg], mem.saved_bytes[ng]]) / scale,
+                                          (np.concatenate([ht, nt]), np.concatenate([ht * G + hg, (nt + 1) * G + ng]))),
+                                         shape=(T, TG)) @ Sf
+                     + sp.csr_matrix((mem.bwd_read_bytes[bt, bj] / scale, (bt, bt * N + bj)), shape=(T, TN)) @ Rf)
         extra = mem.bwd_extra / scale
-        floor = mem.bwd_extra.copy()  # the least bytes backward node t allocates under any option
         if O:
             extra = extra + sp.csr_matrix(mem.bwd_opt / scale) @ Mv
-            for opts in mem.choices:
-                rows = mem.bwd_opt[:, opts]
-                has = rows.any(axis=1)
-                floor[has] += rows[has].min(axis=1)
-        bt, bj = np.nonzero(allow_r & mem.bwd_read_node)
-        rows = [U + sp.csr_matrix((mem.out_bytes[bj] / scale, (bt, bt * N + bj)), shape=(T, TN)) @ Rf + extra]
-        # one row per (stage, recomputed node) that can exceed its backward row: outputs of the nodes
-        # recomputed so far that are still live, and the node's workspace
-        ws_max = mem.fwd_workspace.astype(float).copy()
-        for i, o, w in mem.rec_ws:
-            ws_max[i] = max(ws_max[i], w)
+        rows = [B + Yb + extra]
+        # the rows while node i recomputes: B[t] + Y[t, i] + (outputs + workspace of i) R[t, i], with
+        # Y[t, i] >= Y[t, next row] - (the stage's events between the two), Y[t, last] linked to
+        # Yb[t], and L[l] >= R[t, reader], L[l] >= L[l + 1] or S[t + 1, group] (`StageEvents`)
         has_ws = np.zeros(N, dtype=bool)
         has_ws[[i for i, _, _ in mem.rec_ws]] = True
-        row_t, ent_row, ent_col, ent_val, ws_rows = [], [], [], [], []
+        row_t, row_i, link, lam, ws_rows = [], [], [], [], []
+        n_rows = n_lam = 0
         for t in range(T) if recompute_rows else ():
             nodes = np.flatnonzero(allow_r[t])
             if not len(nodes):
                 continue
-            live = mem.recompute_rows(t, nodes)
-            worst = live @ mem.out_bytes[nodes] + ws_max[nodes]
-            for a in np.flatnonzero(worst > floor[t]):
-                r = len(row_t)
-                row_t.append(t)
-                js = nodes[live[a]]
-                coef = mem.out_bytes[js].astype(float)
-                coef[js == nodes[a]] += mem.fwd_workspace[nodes[a]]
-                ent_row += [r] * len(js)
-                ent_col += (t * N + js).tolist()
-                ent_val += coef.tolist()
-                if has_ws[nodes[a]]:
-                    ws_rows.append((r, t, nodes[a]))
-        if row_t:
-            n_rows = len(row_t)
-            A = sp.csr_matrix((np.array(ent_val) / scale, (ent_row, ent_col)), shape=(n_rows, TN))
+            ev = mem.stage_events(t, nodes, held[t])
+            # events between row a - 1 and row a (row len(nodes): backward node t) link them
+            seg = np.searchsorted(nodes, ev.pos, side="left")
+            on = seg > 0
+            col = ev.index[on].copy()
+            col[ev.kind[on] == KEEP] += t * G
+            col[ev.kind[on] == KEEP_NEXT] += (t + 1) * G
+            col[ev.kind[on] == RECOMPUTE] += t * N
+            col[ev.kind[on] == LIVE] += n_lam
+            nxt = (ev.kind[on] != KEEP_NEXT) | (t + 1 < T)
+            link.append((n_rows + seg[on][nxt] - 1, ev.kind[on][nxt], col[nxt], ev.coef[on][nxt]))
+            nl = len(ev.lam_group)
+            lam.append((np.full(nl, t), n_lam + np.arange(nl), ev.lam_reader, ev.lam_group, ev.lam_last))
+            row_t += [t] * len(nodes)
+            row_i += nodes.tolist()
+            ws_rows += [(n_rows + a, t, i) for a, i in enumerate(nodes) if has_ws[i]]
+            n_rows += len(nodes)
+            n_lam += nl
+        if n_rows:
+            row_t, row_i = np.array(row_t), np.array(row_i)
+            Y = cp.Variable(n_rows, nonneg=True, name="Y")
+            last = np.ones(n_rows, dtype=bool)
+            last[:-1] = row_t[1:] != row_t[:-1]
+            L = cp.Variable(n_lam, nonneg=True, name="L") if n_lam else None
+            lt, li, lk, lg, ll = (np.concatenate(x) for x in zip(*lam)) if n_lam else (np.zeros(0, int),) * 5
+            if n_lam:
+                cons.append(L[li] >= sel(lt * N + lk, TN) @ Rf)
+                more = np.flatnonzero(~ll)
+                if len(more):
+                    cons.append(L[li[more]] >= L[li[more] + 1])
+                fin = np.flatnonzero(ll & (lt + 1 < T))
+                if len(fin):
+                    cons.append(L[li[fin]] >= sel((lt[fin] + 1) * G + lg[fin], TG) @ Sf)
+            er, ek, ec, ev_coef = (np.concatenate(x) for x in zip(*link))
+            terms = 0
+            for k, var, width in ((KEEP, Sf, TG), (KEEP_NEXT, Sf, TG), (RECOMPUTE, Rf, TN), (LIVE, L, n_lam)):
+                m = ek == k
+                if m.any():
+                    terms = terms + sp.csr_matrix((ev_coef[m] / scale, (er[m], ec[m])), shape=(n_rows, width)) @ var
+            nxt_y = np.flatnonzero(~last)
+            cons.append(Y >= sp.csr_matrix((np.ones(len(nxt_y)), (nxt_y, nxt_y + 1)), shape=(n_rows, n_rows)) @ Y
+                        + sp.csr_matrix((np.ones(last.sum()), (np.flatnonzero(last), row_t[last])), shape=(n_rows, T)) @ Yb
+                        - terms)
+            coef = (mem.out_bytes[row_i] + mem.fwd_workspace[row_i]) / scale
             Ut = sp.csr_matrix((np.ones(n_rows), (np.arange(n_rows), row_t)), shape=(n_rows, T))
-            expr = Ut @ U + A @ Rf
+            expr = Ut @ B + Y + sp.csr_matrix((coef, (np.arange(n_rows), row_t * N + row_i)), shape=(n_rows, TN)) @ Rf
             if ws_rows:
                 # a choice node's workspace under its chosen option: Wr >= ws_o (R[t, i] + M[o] - 1)
                 Wr = cp.Variable(len(ws_rows), nonneg=True, name="Wr")
@@ -403,16 +423,26 @@ class Problem:
         """True when the solver's values exist, are 0/1 and, rounded, satisfy every dependency constraint.
 
         A CBC stopped by its time limit may hand back a fractional point, or an integral point of a
-        node it had not finished, through cvxpy: neither is trusted.
+        node it had not finished, through cvxpy: neither is trusted.  Only the constraints among
+        the 0/1 variables (R, S, M, O) are checked: the others bound continuous helpers from below
+        (B, Yb, Y, L, Z, Wr, Q: what lives in a stage, the time of a choice), which any 0/1 point
+        satisfies with large enough helpers, and the memory rows are not in ``cons`` (the callers
+        check the schedule's peak).  cylp's CBC (``through_cvxpy``) hands back helper values that
+        violate their rows by whole units where the C interface's agree (UserNet in full mode,
+        the stage chains of `solver.memory_model.StageEvents`): checking them refused its
+        optimal schedules.
         """
-        for v in (self.r, self.s, self.m, self.o):
-            if v is not None and (v.value is None or np.max(np.abs(v.value - np.round(v.value)), initial=0) > 1e-4):
+        binary = [v for v in (self.r, self.s, self.m, self.o) if v is not None]
+        for v in binary:
+            if v.value is None or np.max(np.abs(v.value - np.round(v.value)), initial=0) > 1e-4:
                 return False
-        saved = [(v, v.value) for v in (self.r, self.s, self.m, self.o) if v is not None]
+        ids = {v.id for v in binary}
+        saved = [(v, v.value) for v in binary]
         for v, val in saved:
             v.value = np.round(val)
         try:
-            return all(np.max(c.violation(), initial=0) <= 1e-6 for c in self.cons)
+            return all(np.max(c.violation(), initial=0) <= 1e-6 for c in self.cons
+                       if all(v.id in ids for v in c.variables()))
         finally:
             for v, val in saved:
                 v.value = val

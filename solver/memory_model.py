@@ -20,22 +20,34 @@ implementation options:
   The bytes live throughout the stage are ``U[t]``: the constants, the caller's outputs, the
   backward values live at the start of the stage (``bwd_live[t]``, gradients: independent of the
   schedule; under implementation options ``live_opt @ M`` corrects them for what the variant
-  graphs hold instead), the kept values ``saved_bytes @ S[t]`` and the recomputed values kept
-  into stage t + 1 (``saved_bytes @ K[t]``, ``K[t, g] = S[t+1, g] and R[t, node(g)]``).  On top of ``U[t]``:
+  graphs hold instead) and the generator states of recomputed random nodes.  The forward values
+  (kept groups S, recomputed nodes R) count where the executor holds them, which frees a value
+  after its last use:
 
-  - *while recomputing node i* (one row per recomputed node, as MONeT's per-operator rows): the
-    outputs of the nodes recomputed so far that are still live, i.e. node i itself, nodes that i
-    or a forward node after i reads (``fwd_last_reader``) and nodes backward node t reads
-    (``bwd_read_node``), plus node i's workspace;
-  - *while backward node t runs*: the recomputed nodes it reads, plus its outputs and workspace
-    (``bwd_extra[t] + bwd_opt[t] @ M``).
+  - *while backward node t runs*: the groups it reads, kept (``S[t]``) or recomputed
+    (``bwd_read_bytes[t] @ R[t]``: the values of a recomputed node that it reads, not all of the
+    node's outputs), the other groups only if they are kept into stage t + 1 (``S[t + 1]``), plus
+    its outputs and workspace (``bwd_extra[t] + bwd_opt[t] @ M``): `MemoryModel.kept_at_backward`;
+  - *while recomputing node i* (one row per recomputed node, as MONeT's per-operator rows): its
+    outputs and workspace; a group of a node after i if kept; a group of a node before i (kept or
+    recomputed) if backward node t reads it, or if it is kept into stage t + 1 or a forward node
+    from i on that the stage recomputes reads it (``L = max(S[t + 1, g], R[t, k])``, linear with
+    one helper variable per (group, reader)): `MemoryModel.stage_events`.
 
-  The executor frees a value after its last use: a recomputed value whose forward reader after i
-  is not recomputed, and a kept value after its last read, are counted longer than they live, so
-  the expression is an upper bound of the simulator's peak and a schedule that satisfies it fits
-  the budget (tested in tests/test_memory_model.py).  Counting every recomputed value to the end
-  of its stage, as this model did before, overstated the peak of repaired LP roundings of
-  ResNet-50 by 7 % and of checkpoint schedules by up to 2x.
+  This equals the simulator (`monet.simulate`) on schedules that keep nothing they do not read,
+  but for the generator states (counted in every stage, where the executor frees each after its
+  last recomputation: 5,056 bytes a random node on the CPU, 16 on CUDA), and bounds it from above
+  on any schedule (a group kept where no recomputation or backward node reads it, and one
+  recomputed in a stage for a later one, count from the stage's start), so a schedule that
+  satisfies it fits the budget (tested in tests/test_memory_model.py).  Before, a kept group counted through its
+  whole stage, a recomputed node counted all of its outputs while the backward node ran (a
+  BatchNorm's output where the backward node reads its batch statistics) and a recomputed value
+  counted until its last forward reader even where the stage does not recompute that reader:
+  on UserNet's checkpoint schedules with no workspace the ILP said 288,376 bytes for a
+  simulated 250,552 (+15 %), and a workspace that raised the simulated peak elsewhere hid it on
+  one machine and not on another.  Counting every recomputed value to the end of its stage, as
+  this model did before that, overstated the peak of repaired LP roundings of ResNet-50 by 7 %
+  and of checkpoint schedules by up to 2x.
 """
 from __future__ import annotations
 
@@ -77,6 +89,34 @@ class Option:
     bwd_time: np.ndarray
 
 
+# kinds of variable a `StageEvents` term multiplies, in stage t
+KEEP, KEEP_NEXT, RECOMPUTE, LIVE = 0, 1, 2, 3  # S[t, g], S[t + 1, g], R[t, j], L[t, g, reader]
+
+
+@dataclass
+class StageEvents:
+    """What is live in one backward stage t while forward nodes recompute, as linear terms: the
+    ILP's form of `MemoryModel.live_while_recomputing` (built by `MemoryModel.stage_events`).
+
+    At the position of forward node i, the live bytes are ``saved_bytes @ S[t]`` plus
+    ``coef[e] * x[e]`` for every event e with ``pos[e] <= i``, where x[e] is S[t, index[e]] (kind
+    KEEP), S[t + 1, index[e]] (KEEP_NEXT), R[t, index[e]] (RECOMPUTE) or L[index[e]] (LIVE).  L
+    has one entry l per (group ``lam_group[l]``, forward reader ``lam_reader[l]`` the stage may
+    recompute), by group then reader, with L[l] = max(R[t, lam_reader[l]], L[l + 1]), or
+    max(R[t, lam_reader[l]], S[t + 1, lam_group[l]]) for a group's last reader
+    (``lam_last[l]``): the ILP writes these as ``>=`` rows.  After every event (position N) the
+    sum is `MemoryModel.kept_at_backward`'s.  Arrays: (L,) and (E,) ints, ``coef`` bytes.
+    """
+
+    lam_group: np.ndarray
+    lam_reader: np.ndarray
+    lam_last: np.ndarray
+    pos: np.ndarray
+    kind: np.ndarray
+    index: np.ndarray
+    coef: np.ndarray
+
+
 @dataclass
 class MemoryModel:
     """Coefficients of the ILP's memory constraints (bytes); see the module docstring.
@@ -98,8 +138,11 @@ class MemoryModel:
             see rec_ws), with a random node's generator state held during its replay (`monet.rng`).
         rec_ws: list of (node, option, bytes): a choice node's workspace under an option.
         reads: (K, 3) int array of (stage t, group g, option o or -1): stage t reads g (if o).
-        fwd_last_reader: (N,) the last forward node that reads an output of node j (-1: none).
-        bwd_read_node: (T, N) bool: backward node t reads a value of node j (under some option).
+        read_edges: (E, 2) int array of (group g, forward node k): k reads g.
+        bwd_read_group: (T, G) bool: backward node t reads group g (under some option).
+        bwd_read_bytes: (T, N) bytes of node j's groups that backward node t reads (under any
+            option; at most ``out_bytes[j]``): what a recomputation of j leaves live while
+            backward node t runs (its other outputs die at once or after their last reader).
         options: the `Option` list; ``choices``: option indices per choice.
         constant: parameters + buffers + input + output gradient (+ `OpGraph.library_bytes` on CUDA).
         rng_state_bytes: (N,) generator state the executor saves before random node k if some
@@ -129,8 +172,9 @@ class MemoryModel:
     reads: np.ndarray = None
     options: list = field(default_factory=list)
     choices: list = field(default_factory=list)
-    fwd_last_reader: np.ndarray = None
-    bwd_read_node: np.ndarray = None
+    read_edges: np.ndarray = None
+    bwd_read_group: np.ndarray = None
+    bwd_read_bytes: np.ndarray = None
     live_opt: np.ndarray = None
     rng_state_bytes: np.ndarray = None
     offload: object = None  # `solver.offload.OffloadModel` when offload to host is planned
@@ -185,13 +229,24 @@ class MemoryModel:
             return None
         return self.offload.effective(S, R) if O is None else np.asarray(O) > 0.5
 
-    def kept_into_next(self, S: np.ndarray, R: np.ndarray) -> np.ndarray:
-        """(T, G) bool: groups recomputed in stage t (or not kept at its start) and kept into t + 1."""
+    def next_keep(self, S: np.ndarray) -> np.ndarray:
+        """(T, G) bool: S (T, G) of the next stage, ``S[t + 1]`` (nothing after the last stage)."""
         S = np.asarray(S) > 0.5
-        R = np.asarray(R) > 0.5
-        K = np.zeros_like(S)
-        K[:-1] = S[1:] & (R[:-1][:, self.group_node] | ~S[:-1])
-        return K
+        out = np.zeros_like(S)
+        out[:-1] = S[1:]
+        return out
+
+    def held(self) -> np.ndarray:
+        """(T, G) bool: the groups a stage counts by S[t] (kept at its start) rather than S[t + 1]
+        (kept into the next stage) while its backward node runs: those the backward node reads,
+        and with offload the candidates in the last stage before their prefetch stage (their
+        ``O[g] <= S[t, g]`` holds there, their S[t + 1] is free)."""
+        hold = self.bwd_read_group.copy()
+        if self.offload is not None:
+            off = self.offload
+            g = np.flatnonzero(off.candidate & (off.prefetch > 0))
+            hold[off.prefetch[g] - 1, g] = True
+        return hold
 
     def recompute_workspace(self, M: np.ndarray) -> np.ndarray:
         """(N,) workspace bytes of each forward node when recomputed, under the options M (O,)."""
@@ -203,32 +258,111 @@ class MemoryModel:
 
     def bwd_peaks(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None,
                   O: np.ndarray | None = None) -> np.ndarray:
-        """(T,) upper bound of each backward stage's peak for 0/1 S (T, G), R (T, N), M (O,) and
-        offloaded groups O (G,) (see `offloaded`): the largest of the rows of the module
+        """(T,) upper bound of each backward stage's peak (bytes) for 0/1 S (T, G), R (T, N), M (O,)
+        and offloaded groups O (G,) (see `offloaded`): the largest of the rows of the module
         docstring, exactly as the ILP writes them."""
         M = self.default_options() if M is None else np.asarray(M, dtype=float)
         O = self.offloaded(S, R, O)
         S = np.asarray(S) > 0.5
         R = np.asarray(R) > 0.5
-        U = self.bwd_const + S @ self.saved_bytes + self.kept_into_next(S, R) @ self.saved_bytes \
-            + self.rng_saved(R).sum()
+        U = self.bwd_const + self.rng_saved(R).sum()
         if O is not None:
             U = U - self.offload.bwd_off() @ O.astype(float)
         if self.n_options and self.live_opt is not None:
             U = U + self.live_opt @ M
-        peaks = U + (R & self.bwd_read_node) @ self.out_bytes + self.bwd_extra + self.bwd_opt @ M
-        ws = self.recompute_workspace(M)
-        for t in np.flatnonzero(R.any(axis=1)):
-            rows = self.recompute_rows(t, np.flatnonzero(R[t])) @ self.out_bytes[np.flatnonzero(R[t])]
-            peaks[t] = max(peaks[t], U[t] + float(np.max(rows + ws[R[t]])))
-        return peaks
+        held = self.held()
+        peaks = U + self.kept_at_backward(S, R, held) + self.bwd_extra + self.bwd_opt @ M
+        rows = self.live_while_recomputing(S, R, held) + self.out_bytes + self.recompute_workspace(M)
+        return np.maximum(peaks, U + np.where(R, rows, -np.inf).max(axis=1, initial=-np.inf))
 
-    def recompute_rows(self, t: int, nodes: np.ndarray) -> np.ndarray:
-        """(n, n) bool for ascending forward nodes ``nodes`` recomputed in stage t: [a, b] = the
-        output of nodes[b] is live while nodes[a] is recomputed (b <= a, and b is a, or nodes[a] or
-        a forward node after it reads it, or backward node t reads it)."""
-        i, j = nodes[:, None], nodes[None, :]
-        return (j <= i) & ((j == i) | (self.fwd_last_reader[j] >= i) | self.bwd_read_node[t, j])
+    def live_while_recomputing(self, S: np.ndarray, R: np.ndarray, held: np.ndarray | None = None) -> np.ndarray:
+        """(T, N) bytes of forward values live in stage t while forward node i recomputes (its own
+        outputs and workspace not included; meaningful where R[t, i]), for 0/1 S (T, G), R (T, N)
+        and ``held`` = `held` ().
+
+        A group g of node j counts: S[t, g] if i < j (kept, not yet recomputed); nothing if i = j
+        (node i's outputs count as ``out_bytes[i]``); if i > j, S[t, g] when backward node t reads
+        g (`held`; its recomputed values as ``bwd_read_bytes[t, j]`` R[t, j] per node), else
+        max(S[t + 1, g], R[t, k] for the forward readers k >= i of g): kept into the next stage or
+        read by a recomputation still to come, which is when the executor holds it (it frees a
+        kept or recomputed value after its last use).  `stage_events` writes the same as linear
+        terms for the ILP; tests/test_memory_model.py holds the two equal.
+        """
+        S = np.asarray(S) > 0.5
+        R = np.asarray(R) > 0.5
+        held = self.held() if held is None else held
+        T, N = R.shape
+        gn, b = self.group_node, self.saved_bytes
+        S1 = self.next_keep(S)
+
+        def per_node(W):  # (T, G) bytes -> (T, N + 1) summed over each node's groups
+            idx = (np.arange(T)[:, None] * (N + 1) + gn[None, :]).ravel()
+            return np.bincount(idx, weights=W.ravel(), minlength=T * (N + 1)).reshape(T, N + 1)
+
+        kept = per_node(S * b)
+        mine = per_node(held * S * b)
+        before = np.cumsum(mine, axis=1) - mine  # held groups of nodes before i
+        later = kept[:, ::-1].cumsum(axis=1)[:, ::-1] - kept  # kept groups of nodes after i
+        rec = np.zeros((T, N + 1))
+        rec[:, :N] = R * self.bwd_read_bytes
+        rec = np.cumsum(rec, axis=1) - rec  # recomputed nodes before i, the groups t reads
+        # the other groups of nodes before i: from node + 1 on while kept into t + 1, else up to the
+        # last forward reader the stage recomputes (``read_edges`` is sorted by group, then reader)
+        eg, ek = self.read_edges[:, 0], self.read_edges[:, 1]
+        last = np.full((T, len(gn)), -1)
+        if len(eg):
+            start = np.flatnonzero(np.r_[True, eg[1:] != eg[:-1]])
+            last[:, eg[start]] = np.maximum.reduceat(np.where(R[:, ek], ek[None, :], -1), start, axis=1)
+        end = np.where(S1, N, last)  # counted at positions node + 1 .. end
+        t_on, g_on = np.nonzero(~held & (end > gn[None, :]))
+        idx = np.concatenate([t_on * (N + 2) + gn[g_on] + 1, t_on * (N + 2) + end[t_on, g_on] + 1])
+        d = np.bincount(idx, weights=np.concatenate([b[g_on], -b[g_on]]), minlength=T * (N + 2))
+        other = np.cumsum(d.reshape(T, N + 2), axis=1)[:, :N + 1]
+        return (later + before + rec + other)[:, :N]
+
+    def kept_at_backward(self, S: np.ndarray, R: np.ndarray, held: np.ndarray | None = None) -> np.ndarray:
+        """(T,) bytes of forward values live while backward node t runs, for 0/1 S (T, G), R (T, N):
+        the groups it reads (`held`), kept (S[t]) or recomputed in the stage (``bwd_read_bytes``),
+        and the other groups kept into the next stage (S[t + 1])."""
+        S = np.asarray(S) > 0.5
+        held = self.held() if held is None else held
+        kept = np.where(held, S, self.next_keep(S))
+        return kept @ self.saved_bytes + ((np.asarray(R) > 0.5) * self.bwd_read_bytes).sum(axis=1)
+
+    def stage_events(self, t: int, nodes: np.ndarray, held: np.ndarray | None = None) -> StageEvents:
+        """`live_while_recomputing` of stage t as linear terms (`StageEvents`), for the ascending
+        forward nodes ``nodes`` (n,) the ILP lets the stage recompute and ``held`` (G,) =
+        ``held()[t]``."""
+        nodes = np.asarray(nodes, dtype=int)
+        held = self.held()[t] if held is None else held
+        gn, b = self.group_node, self.saved_bytes
+        G = len(gn)
+        eg, ek = self.read_edges[:, 0], self.read_edges[:, 1]
+        act = np.isin(ek, nodes) & ~held[eg]
+        lg, lk = eg[act], ek[act]  # L variables: (group, reader), by group then reader as read_edges
+        n_l = len(lg)
+        last = np.ones(n_l, dtype=bool)
+        last[:-1] = lg[1:] != lg[:-1]
+        first = np.ones(n_l, dtype=bool)
+        first[1:] = lg[1:] != lg[:-1]
+        first_l = np.full(G, -1)
+        first_l[lg[first]] = np.flatnonzero(first)
+        # events (position, kind, index, bytes): from ``position`` on, the term bytes * x[kind][index]
+        # is added to what is live; before any event every group counts S[t, g]
+        g = np.arange(G)
+        plain = ~held & (first_l < 0)
+        withl = ~held & (first_l >= 0)
+        rb = self.bwd_read_bytes[t, nodes]
+        pos = [gn, gn[held] + 1, gn[plain] + 1, gn[withl] + 1, lk + 1, lk[~last] + 1, lk[last] + 1, nodes + 1]
+        kind = [np.full(G, KEEP), np.full(held.sum(), KEEP), np.full(plain.sum(), KEEP_NEXT),
+                np.full(withl.sum(), LIVE), np.full(n_l, LIVE), np.full((~last).sum(), LIVE),
+                np.full(last.sum(), KEEP_NEXT), np.full(len(nodes), RECOMPUTE)]
+        index = [g, g[held], g[plain], first_l[withl], np.arange(n_l), np.flatnonzero(~last) + 1, lg[last], nodes]
+        coef = [-b, b[held], b[plain], b[withl], -b[lg], b[lg[~last]], b[lg[last]], rb]
+        pos, kind, index, coef = (np.concatenate(x) for x in (pos, kind, index, coef))
+        keep = coef != 0
+        return StageEvents(lam_group=lg, lam_reader=lk, lam_last=last, pos=pos[keep], kind=kind[keep],
+                           index=index[keep], coef=coef[keep])
 
     def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None, O: np.ndarray | None = None) -> float:
         """The ILP's peak for a schedule: max of the forward and every backward stage (bytes), with
@@ -480,18 +614,21 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
         else:
             reads += [(t, group_of[v], -1) for v in node.reads]
     reads = np.array(reads, dtype=int).reshape(-1, 3)
-    bwd_read_node = np.zeros((T, N), dtype=bool)
-    bwd_read_node[reads[:, 0], np.array(group_node, dtype=int)[reads[:, 1]]] = True
-    fwd_last_reader = np.full(N, -1, dtype=int)
-    for node in graph.fwd:
-        for v in node.reads:
-            j = group_node[group_of[v]]
-            fwd_last_reader[j] = max(fwd_last_reader[j], node.id)
+    gnode = np.array(group_node, dtype=int)
+    bwd_read_group = np.zeros((T, G), dtype=bool)
+    bwd_read_group[reads[:, 0], reads[:, 1]] = True
+    rt, rg = np.nonzero(bwd_read_group)
+    bwd_read_bytes = np.zeros((T, N))
+    np.add.at(bwd_read_bytes, (rt, gnode[rg]), np.array(saved_bytes, dtype=float)[rg])
+    bwd_read_bytes = np.minimum(bwd_read_bytes, out_bytes[None, :])
+    read_edges = np.array(sorted({(group_of[v], node.id) for node in graph.fwd for v in node.reads}),
+                          dtype=int).reshape(-1, 2)
     return MemoryModel(fwd_const=fwd_const, fwd_keep=fwd_keep, bwd_const=bwd_const, bwd_extra=bwd_extra,
                        live_opt=live_opt,
                        saved_bytes=np.array(saved_bytes, dtype=float), out_bytes=out_bytes,
                        fwd_workspace=fws_rec, constant=constant, groups=groups,
                        group_node=np.array(group_node, dtype=int), group_of=group_of,
                        group_option=group_option, fwd_opt=fwd_opt, bwd_opt=bwd_opt, rec_ws=rec_ws,
-                       reads=reads, options=given_options, choices=choices, fwd_last_reader=fwd_last_reader,
-                       bwd_read_node=bwd_read_node, rng_state_bytes=rng_bytes)
+                       reads=reads, options=given_options, choices=choices, read_edges=read_edges,
+                       bwd_read_group=bwd_read_group, bwd_read_bytes=bwd_read_bytes,
+                       rng_state_bytes=rng_bytes)

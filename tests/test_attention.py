@@ -1,5 +1,8 @@
 """Attention (SDPA) backends as implementations (`monet.impls.attention`): capture as one
-forward and one backward node, PyTorch's gradients, predicted memory, the ILP's choice."""
+forward and one backward node, PyTorch's gradients, predicted memory, the ILP's choice.
+
+The ILP's choices are made on the workspace recorded in tests/data (`recorded`), the same on every
+machine; a schedule's measured peak is held to its prediction with the workspace measured here."""
 from __future__ import annotations
 
 import copy
@@ -19,9 +22,10 @@ from monet.profiling import check as chk
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
 from monet.schedule import schedule_from_matrices
-from monet.simulate import simulate
+from monet.simulate import schedule_peak, simulate
 from monet.solver.solve import eager_peak, keep_all_matrices, solve
 from monet.wrapper import MONeTWrapper, scheduled_module
+from recorded import recorded_costs
 
 FLASH_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 FLASH_CPU_BWD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
@@ -221,34 +225,50 @@ def test_cpu_implementation_gradients_and_memory(attn, name):
     assert abs(predicted - measured) <= 0.02 * measured, (name, predicted, measured)
 
 
-def _costs(model, x, graph):
-    """Analytic times with the profiled workspace (the kernels' temporaries), as the solver's
-    ``hybrid`` costs have them."""
+def _costs(model, x, graph, recorded: bool = False):
+    """Analytic times with the kernels' workspace, as the solver's ``hybrid`` costs have them:
+    profiled here, or (``recorded``) the table recorded in tests/data."""
     table = analytic_costs(graph)
-    table["workspace_bytes"] = profile_costs(model, x, graph, "cpu", 1, 0, progress=False)["workspace_bytes"].values
+    ws = (recorded_costs("attention", model, x, graph) if recorded
+          else profile_costs(model, x, graph, "cpu", 1, 0, progress=False))["workspace_bytes"].values
+    table["workspace_bytes"] = ws
     return costs_for(graph, table)
 
 
 def _solve(attn, budget, math_speedup=4.0):
     """Solve in mode ``attention`` with math's backward ``math_speedup`` times faster than the
-    default's (deterministic times, where a CPU profile of a tiny graph is noise)."""
+    default's (deterministic times, where a CPU profile of a tiny graph is noise) and the recorded
+    workspace."""
     model, x, graph, g = attn
 
     def cost_fn(variant_graph, keys, governed):
-        c = _costs(model, x, variant_graph)
+        c = _costs(model, x, variant_graph, recorded=True)
         bwd_time = c.bwd_time.copy()
         for k in keys:
             for t in governed[k]:
                 bwd_time[t] /= math_speedup
         return dataclasses.replace(c, bwd_time=bwd_time)
 
-    return solve(graph, _costs(model, x, graph), budget, "attention", time_limit=20, cost_fn=cost_fn)
+    return solve(graph, _costs(model, x, graph, recorded=True), budget, "attention", time_limit=20, cost_fn=cost_fn)
+
+
+def _measured_as_predicted(model, x, graph, g, sol):
+    """Run ``sol`` (its implementations applied to ``graph``): its measured peak within 2 % of the
+    simulated one with the workspace measured here.  Returns the wrapped model."""
+    run_graph = variant(graph, "attention.math")[0] if sol.schedule.impl else graph
+    predicted = schedule_peak(run_graph, _costs(model, x, run_graph), sol.schedule).peak_bytes
+    wrapped = MONeTWrapper(copy.deepcopy(model), sol)
+    measured = chk.measure_iteration_peak(wrapped, x, g)
+    assert abs(predicted - measured) <= 0.02 * measured, (predicted, measured)
+    return wrapped
 
 
 def test_ilp_chooses_math_when_it_fits_and_flash_when_it_does_not(attn):
     """Math's backward is made 4x faster: with room for P the ILP picks it; at the smallest budget
-    (P does not fit beside the rest) it keeps PyTorch's flash kernel; each schedule's measured
-    peak is within its budget and 2 % of its prediction, gradients within 1e-5."""
+    (P does not fit beside the rest) it keeps PyTorch's flash kernel (both on the recorded
+    workspace); each schedule's measured peak is within 2 % of its prediction with the workspace
+    measured here, gradients within 1e-5.  (Within the budget it was solved at only where the
+    workspace is the recorded one: the measured-workspace budgets are held in test_end_to_end.)"""
     model, x, graph, g = attn
     loose = _solve(attn, 10 * 2 ** 20)
     assert set(loose.schedule.impl.values()) == {"attention.math"}
@@ -256,29 +276,27 @@ def test_ilp_chooses_math_when_it_fits_and_flash_when_it_does_not(attn):
     assert not tight.schedule.impl
     assert tight.meta.budget_bytes < loose.meta.predicted_peak_bytes
     for sol in (loose, tight):
-        wrapped = MONeTWrapper(copy.deepcopy(model), sol)
-        measured = chk.measure_iteration_peak(wrapped, x, g)
-        assert measured <= sol.meta.budget_bytes
-        assert abs(sol.meta.predicted_peak_bytes - measured) <= 0.02 * measured
+        wrapped = _measured_as_predicted(model, x, graph, g, sol)
         ref = chk.grads_and_buffers(model, x, g)[0]
         assert chk.grad_rel_error(chk.grads_and_buffers(wrapped, x, g)[0], ref) <= 1e-5
 
 
 def test_normal_mode_recomputes_the_fused_kernel_bitwise():
     """Normal mode at a budget of 65-80 % of plain PyTorch's simulated peak on three attention blocks,
-    with the fused kernel made the cheapest op to recompute: the schedule recomputes it, gradients are
-    PyTorch's bit for bit, the measured peak is within the budget and 2 % of the prediction."""
+    with the fused kernel made the cheapest op to recompute (recorded workspace): the schedule
+    recomputes it, gradients are PyTorch's bit for bit, the measured peak is within 2 % of the
+    prediction with the workspace measured here."""
     torch.manual_seed(0)
     model = nn.Sequential(Attention(), nn.GELU(), Attention(), nn.GELU(), Attention())
     x, g = torch.randn(2, 48, 16), torch.randn(2, 48, 16)
     graph = capture(model, x)
-    costs = _costs(model, x, graph)
+    costs = _costs(model, x, graph, recorded=True)
     fused = [i for i, n in enumerate(graph.fwd) if n.op == FLASH_CPU]
     recompute = np.full(len(graph.fwd), 1.0)
     recompute[fused] = 1e-6
     costs = dataclasses.replace(costs, fwd_recompute=recompute)
-    # which budget makes the optimum recompute the kernel depends on the measured workspace, which
-    # depends on the thread count (75 % with two threads, 70 % with one): the first of a few that does
+    # which budget makes the optimum recompute the kernel depends on the workspace (on the thread
+    # count where it is measured: 75 % with two threads, 70 % with one): the first of a few that does
     tried = {}
     for frac in (0.75, 0.7, 0.8, 0.65):
         sol = solve(graph, costs, int(frac * eager_peak(graph, costs)), "normal", time_limit=10)
@@ -286,10 +304,7 @@ def test_normal_mode_recomputes_the_fused_kernel_bitwise():
         if set(fused) & set(tried[frac]):
             break
     assert set(fused) & set(tried[frac]), f"no budget recomputes the fused kernels {fused}: {tried}"
-    wrapped = MONeTWrapper(copy.deepcopy(model), sol)
-    measured = chk.measure_iteration_peak(wrapped, x, g)
-    assert measured <= sol.meta.budget_bytes
-    assert abs(sol.meta.predicted_peak_bytes - measured) <= 0.02 * measured
+    wrapped = _measured_as_predicted(model, x, graph, g, sol)
     ref, got = chk.grads_and_buffers(model, x, g)[0], chk.grads_and_buffers(wrapped, x, g)[0]
     assert all(torch.equal(got[k], ref[k]) for k in ref)
 
@@ -305,7 +320,7 @@ def test_math_is_never_the_lean_candidate(attn):
         c = costs_for(g, analytic_costs(g))
         return dataclasses.replace(c, fwd_workspace=0 * c.fwd_workspace, bwd_workspace=0 * c.bwd_workspace)
 
-    options, _ = full_model(graph, _costs(model, x, graph), "attention", "cpu", no_workspace)
+    options, _ = full_model(graph, _costs(model, x, graph, recorded=True), "attention", "cpu", no_workspace)
     assert {o.impl for o in options} == {"default", "attention.math"}
     assert lean_impls(options) == {}
 

@@ -109,20 +109,36 @@ def _hybrid_cost_fn_calls(setup, monkeypatch, argument: str, sources) -> list:
     return seen
 
 
+def _fixed_profiler(monkeypatch):
+    """`profile_costs` as `hybrid_cost_fn` calls it, answering 0.1 ms per node measured (the
+    analytic table's workspace): two calls agree exactly, where two real ones differ by the
+    machine's noise."""
+    from monet.profiling import profiler
+
+    def profiled(model, x, graph, device, repeats, warmup, progress=False, only=None, in_context=False):
+        rows = analytic_costs(graph)
+        rows = rows[[(k, i) in only for k, i in zip(rows["kind"], rows["node"])]].copy()
+        rows["time_s"] = rows["recompute_s"] = 1e-4
+        return rows
+
+    monkeypatch.setattr(profiler, "profile_costs", profiled)
+
+
 def test_variant_costs_are_measured_on_cpu(setup, monkeypatch):
     """CPU hybrid variants are measured: their seconds do not follow the roofline's device, where
-    the ratio mode's (a GPU's hybrid) scale with it."""
+    the ratio mode's (a GPU's hybrid) scale with it (`_fixed_profiler` measures)."""
     from monet.profiling.costs import DeviceSpec
 
     model, x, graph, cache = setup
     assert _hybrid_cost_fn_calls(setup, monkeypatch, "measure", ("hybrid",)) == ["measured"]
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
 
+    _fixed_profiler(monkeypatch)
     # two roofline devices 1000x apart (the fixed cost per op too)
     slow = DeviceSpec("slow", flops_per_s=1e9, bytes_per_s=1e9, launch_s=1e-3)
     fast = DeviceSpec("fast", flops_per_s=1e12, bytes_per_s=1e12, launch_s=1e-6)
     measured = [_variant_seconds(model, x, graph, table, spec, "measured") for spec in (slow, fast)]
-    assert 0.2 < measured[0] / measured[1] < 5  # two measurements, not two rooflines
+    assert measured[0] == measured[1]  # the measurements, not two rooflines
     scaled = [_variant_seconds(model, x, graph, analytic_costs(graph, spec), spec, "hybrid") for spec in (slow, fast)]
     assert scaled[0] / scaled[1] > 100
 
@@ -134,8 +150,11 @@ def test_unknown_measure_is_refused(setup):
 
 
 def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setup):
-    """At the plain peak nothing need be recomputed or made lean: every implementation full mode
-    picks must be at most as slow as PyTorch's on its nodes, by the costs the solver was given."""
+    """With memory to spare (twice the plain peak) nothing need be recomputed or made lean: every
+    implementation full mode picks must be at most as slow as PyTorch's on its nodes, by the costs
+    the solver was given.  (At the plain peak itself a faster implementation that needs more
+    memory may be paid for with a slower, leaner one elsewhere: whether that is optimal depends on
+    the numbers measured, so on the machine.)"""
     model, x, graph, cache = setup
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
     costs = costs_for(graph, table)
@@ -148,7 +167,7 @@ def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setu
             memo[k] = measured(g, keys, governed)
         return memo[k]
 
-    sol = solve(graph, costs, eager_peak(graph, costs), FULL, time_limit=20, device="cpu", cost_fn=cost_fn)
+    sol = solve(graph, costs, 2 * eager_peak(graph, costs), FULL, time_limit=20, device="cpu", cost_fn=cost_fn)
     options = implementation_options(graph, costs, FULL, "cpu", cost_fn)
     by_key = {}
     for o in options:
@@ -187,7 +206,8 @@ def test_a_variant_measured_slower_than_its_nodes_predict_is_charged_the_excess(
 
 def test_cpu_variant_costs_are_calibrated_on_a_whole_iteration(setup, monkeypatch):
     """On the CPU each variant's whole iteration is measured (`measure_variant`); an excess over
-    its nodes' prediction raises the seconds of the nodes it changed by that excess."""
+    its nodes' prediction raises the seconds of the nodes it changed by that excess (nodes timed
+    by `_fixed_profiler`, iterations by a stub)."""
     from monet.profiling import dispatch
 
     model, x, graph, cache = setup
@@ -197,6 +217,7 @@ def test_cpu_variant_costs_are_calibrated_on_a_whole_iteration(setup, monkeypatc
 
     costs = costs_for(graph, table)
     calls = []
+    _fixed_profiler(monkeypatch)
 
     def variant_s(excess):
         def fake(model_, inputs, g, base_table, vg, vt, base=None):
@@ -216,4 +237,4 @@ def test_cpu_variant_costs_are_calibrated_on_a_whole_iteration(setup, monkeypatc
     assert calls, "every variant's iteration is measured"
     for impl in seconds[0.0]:  # each variant's changed nodes carry the whole 0.5 s between them
         extra = seconds[0.5][impl] - seconds[0.0][impl]
-        assert abs(extra - 0.5) < 0.05, (impl, extra)  # up to the noise of two measured profiles (ms)
+        assert extra == pytest.approx(0.5, abs=1e-9), (impl, extra)  # `_fixed_profiler`: no noise

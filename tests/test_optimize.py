@@ -1,5 +1,8 @@
 """`monet.optimize`, the one call: a loss traced with the model, the solution saved and loaded, the
-optimizer's state and accumulated gradients counted in the budget, refusals of bad arguments."""
+optimizer's state and accumulated gradients counted in the budget, refusals of bad arguments.
+
+The plans cost with ``hybrid`` (`monet.optimize`'s default): the workspace is measured on the
+machine that runs the tests, and the budgets follow the smallest feasible one found on it."""
 from __future__ import annotations
 
 import copy
@@ -35,6 +38,15 @@ def plan(batch, tmp_path_factory):
                    cache_dir=tmp_path_factory.mktemp("costs"))
 
 
+def _budget(plan, reserved: int) -> int:
+    """90 % of the plain peak, or the smallest feasible budget found plus ``reserved`` bytes where
+    that is more: the workspace is measured here, so whether 90 % leaves room for the reserved
+    bytes depends on the machine."""
+    from monet.solver.solve import min_budget
+
+    return max(int(0.9 * plan.eager_peak_bytes), min_budget(plan.graph, plan.costs, "normal", time_limit=5)[0] + reserved)
+
+
 def _fresh(plan):
     return WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy)
 
@@ -46,7 +58,8 @@ def test_one_call_trains_as_pytorch_and_saves(batch, tmp_path):
     plain = WithLoss(copy.deepcopy(model), F.cross_entropy)
     wrapped = monet.optimize(model, x, budget="min", loss_fn=F.cross_entropy, target=y, time_limit=5,
                              progress=False, cache_dir=tmp_path / "costs")
-    assert wrapped.solution.schedule.recompute_count() > 0
+    meta = wrapped.solution.meta  # the workspace is measured here: the plain peak may be the smallest
+    assert wrapped.solution.schedule.recompute_count() > 0 or meta.budget_bytes == meta.eager_peak_bytes
     inputs = dict(target=y)
     lw, gw = chk.train_losses(wrapped, ExampleInputs((x,), inputs))
     lp, gp = chk.train_losses(plain, ExampleInputs((x,), inputs))
@@ -61,9 +74,9 @@ def test_one_call_trains_as_pytorch_and_saves(batch, tmp_path):
 def test_optimizer_state_is_counted(plan, batch):
     """With Adam, the budget covers the iteration and Adam's two state tensors per parameter."""
     x, y = batch
-    budget = int(0.9 * plan.eager_peak_bytes)
     state = optimizer_state_bytes(plan.graph.param_bytes, "adam")
     assert state == 2 * plan.graph.param_bytes > 0
+    budget = _budget(plan, state)
     sol = plan.solve(budget, optimizer="adam", time_limit=5)
     assert sol.meta.budget_bytes == budget - state
     wrapped = plan.wrap(sol, _fresh(plan))
@@ -84,7 +97,7 @@ def test_accumulated_gradients_are_counted(plan, batch):
     """Two micro-batches accumulated: PyTorch's gradients, and the second one's peak (with the
     first one's gradients allocated) within the budget."""
     x, y = batch
-    budget = int(0.9 * plan.eager_peak_bytes)
+    budget = _budget(plan, plan.graph.param_bytes)
     sol = plan.solve(budget, accumulate_grads=True, time_limit=5)
     assert sol.meta.budget_bytes == budget - plan.graph.param_bytes
     wrapped, plain = plan.wrap(sol, _fresh(plan)), _fresh(plan)
