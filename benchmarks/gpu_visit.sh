@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU work of issue 35, as one command per visit of a GPU machine (H100/H200, the GPU image's
+# Python 3.12 and torch 2.11.0+cu130, no network).  Prepare here once (wheels of cvxpy, cylp, highspy
+# into .whl/; `bash ../shared/gpu/prepare.sh`), then run with the device tool, carrying .whl:
+#
+#     bash benchmarks/gpu_visit.sh first            # decisive runs, about 9 minutes
+#     bash benchmarks/gpu_visit.sh table MODELS     # measure solved schedules (after `gpu_table.py --step solve` here)
+#
+# "first": the `cuda` tests; the gradient experiments (benchmarks/gpu_numerics.py: TF32, BatchNorm,
+# the first module where the captured forward parts from eager); the per-node CUDA memory traces of
+# ResNet-50 and GPT-2 (benchmarks/gpu_traces.py, to commit under tests/data/traces/); the executor's
+# own cost at a 100 % budget (benchmarks/executor_tax.py --device cuda); H100 profiles of MONeT's
+# models and GPT-2 (benchmarks/gpu_table.py --step profile, into zoo/profiles/).  Each step runs under
+# its own timeout and its log, exit status and seconds go to $OUT/steps.txt, so one failing step does
+# not lose the others.  Everything else comes back in one archive, $OUT/visit-<phase>.tar.gz (the
+# device tool returns at most 8 files).
+#
+# "table MODELS" (comma-separated, default all six): benchmarks/gpu_table.py --step measure on the
+# schedules solved on a CPU into gpu_work/ (carry it), writing gpu_work/*/measure.json and the table.
+#
+# monet is installed the way issue 36 promises for an offline CUDA machine:
+# `pip install --no-build-isolation --no-deps -e .` (the image has setuptools and wheel), the
+# solver's wheels from .whl/ into /tmp/site.
+set -uo pipefail
+phase=${1:-first}
+models=${2:-resnet50,googlenet,unet,mobilenet_v2,vgg16,gpt2-small}
+: "${OUT:?OUT must name the folder whose files come back}"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+work=$(mktemp -d /tmp/visit.XXXXXX)
+steps="$OUT/steps.txt"
+export PYTHONUNBUFFERED=1
+t_start=$(date +%s)
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run it, log to $work/NAME.log, record rc and seconds
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$work/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - t0 )) s (at $(( $(date +%s) - t_start )) s)" | tee -a "$steps"
+  tail -n 3 "$work/$name.log" | sed "s/^/    $name: /"
+}
+
+{
+  echo "phase $phase on $(hostname), $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+} | tee "$steps"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+step install 120 python3 -m pip install --no-build-isolation --no-deps -e .
+python3 -c "import torch, monet.solver.solve, monet.compat as c; print('torch', torch.__version__, torch.cuda.get_device_name(), c.numerics())" \
+  2>&1 | tee -a "$steps"
+
+case "$phase" in
+  first)
+    step cuda_tests 200 python3 -m pytest -m cuda -n 0 -q -p no:cacheprovider tests/
+    step numerics 150 python3 benchmarks/gpu_numerics.py --out "$work"
+    step traces 240 python3 benchmarks/gpu_traces.py --out "$work/traces"
+    step executor_tax 100 python3 benchmarks/executor_tax.py --device cuda --target-s 3
+    left=$(( 540 - ($(date +%s) - t_start) ))
+    for m in ${models//,/ }; do  # H100 profiles, as long as time is left
+      [ "$left" -gt 45 ] || { echo "profile $m: skipped, $left s left" | tee -a "$steps"; continue; }
+      step "profile_$m" $(( left - 30 )) python3 benchmarks/gpu_table.py --step profile --models "$m" --device cuda \
+        --work-dir "$work/gpu_work"
+      left=$(( 540 - ($(date +%s) - t_start) ))
+    done
+    mkdir -p "$work/profiles" && cp zoo/profiles/*.csv "$work/profiles/" 2>/dev/null
+    ;;
+  table)
+    [ -d gpu_work ] || { echo "gpu_work/ (the solved schedules) was not carried" | tee -a "$steps"; exit 2; }
+    cp -r gpu_work "$work/"
+    for m in ${models//,/ }; do
+      left=$(( 560 - ($(date +%s) - t_start) ))
+      [ "$left" -gt 60 ] || { echo "measure $m: skipped, $left s left" | tee -a "$steps"; continue; }
+      step "measure_$m" $(( left - 20 )) python3 benchmarks/gpu_table.py --step measure --models "$m" --device cuda \
+        --work-dir "$work/gpu_work" --out "$work/gpu_table.md"
+    done
+    ;;
+  *) echo "unknown phase $phase (first, table)" >&2; exit 2 ;;
+esac
+
+tar czf "$OUT/visit-$phase.tar.gz" -C "$work" . && ls -la "$OUT"
+echo "done in $(( $(date +%s) - t_start )) s" | tee -a "$steps"
