@@ -1,7 +1,7 @@
 """Solver benchmark at MONeT's full-scale configurations (issue 4): how big the ILP is, how long it
 takes, and how close to the bound its schedule is.
 
-    python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC[,PULP]]
+    python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC[,HIGHS]]
                                       [--time-limit 60] [--gap 0.01] [--plain] [--min-budget] [--out BENCHMARKS.md]
                                       [--peers checkpoint_all,chen,greedy,rounding,ilp]
 
@@ -24,7 +24,7 @@ meets it when the smallest budget found within the limit is within 1 % of the be
 ``to_best_s`` is the wall time from the call until the solve first held a schedule within 1 % of
 the best known, as its progress lines announce them (a MIP solver's incumbents, the local
 search's schedule at the end of its step; the call's end when no line did but the schedule
-returned is within 1 %); "-" when the schedule returned is not.  ``--solver CBC,PULP`` solves
+returned is within 1 %); "-" when the schedule returned is not.  ``--solver CBC,HIGHS`` solves
 each budget with each solver in turn (one row each, interleaved, so that the load of other
 processes hits both alike).
 ``--record-best`` writes every row that beats the file's entry back into it, with this command.  With
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=",".join(CONFIGS), help="comma-separated zoo models (batch from CONFIGS)")
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="percentages of the plain peak")
     p.add_argument("--solver", type=str.upper, default="CBC",
-                   help="MILP solver: CBC, HIGHS, SCIP or PULP; several comma-separated (CBC,PULP) solve each "
+                   help="MILP solver: CBC, HIGHS or SCIP; several comma-separated (CBC,HIGHS) solve each "
                         "budget with each in turn, interleaved")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per solve (wall clock)")
     p.add_argument("--gap", type=float, default=DEFAULT_GAP,

@@ -126,7 +126,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         device: the device the costs are for; default the inputs' device.
         gpu_spec: a roofline preset for analytic times on a GPU (``"h100"``, ``"p100"`` ...).
         autocast_dtype: solve for training under ``torch.autocast(device, autocast_dtype)``.
-        solver, gap: the MILP solver ("CBC", "HIGHS", "SCIP", "PULP") and the relative gap it may stop at.
+        solver, gap: the MILP solver ("CBC", "HIGHS", "SCIP") and the relative gap it may stop at.
         cache_dir: where measured costs are cached (default ``~/.cache/monet/profiles``).
         progress: a progress bar of the phases (capture, costs, solve, calibration) with their
             elapsed times, and the solver's lines above it, on stderr (`monet.progress`); False:

@@ -19,10 +19,14 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
+from dataclasses import dataclass, field
 
 import cvxpy as cp
+import cvxpy.settings as s
+import numpy as np
+from cvxpy.reductions.solvers.conic_solvers.conic_solver import dims_to_solver_dict
 
-from monet.solver.milp import MilpOutcome, Reporter, finish, standard_form
 from monet.terms import arg
 
 
@@ -40,6 +44,20 @@ def library_path() -> str:
         raise CbcUnavailable(f"libCbcSolver was not found next to cylp ({root}/cylp.libs): reinstall cylp, "
                              "or use " + arg('solver="HIGHS"', "--solver HIGHS"))
     return found[0]
+
+
+@dataclass
+class MilpOutcome:
+    """What one MIP solve gave.  Objective and bound in the model's units (seconds here), without
+    cvxpy's constant offset unless ``offset`` is added; ``history`` is (wall s, incumbent, bound);
+    ``detail`` says why a solve ended without an answer (a crash, the hard deadline)."""
+
+    status: str  # "optimal" | "gap" (stopped at the gap target) | "time_limit" | "infeasible" | "no_integer"
+    objective: float | None
+    bound: float | None
+    solve_time_s: float
+    history: list[tuple[float, float | None, float | None]] = field(default_factory=list)
+    detail: str = ""
 
 
 def _messages(stream, q: queue.Queue) -> None:
@@ -84,16 +102,51 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
     """
     lib = library_path()
     t0 = time.perf_counter()
-    form = standard_form(problem, start)
+    data, chain, inverse = problem.get_problem_data(cp.CBC)
+    A = data[s.A].tocsc()
+    b = np.asarray(data[s.B], dtype=float)
+    c = np.asarray(data[s.C], dtype=float)
+    dims = dims_to_solver_dict(data[s.DIMS])
+    neq = dims[s.EQ_DIM]
+    n, m = len(c), A.shape[0]
+    row_lb = np.concatenate([b[:neq], np.full(m - neq, -np.inf)])
+    col_lb = np.full(n, -np.inf) if data.get(s.LOWER_BOUNDS) is None else np.array(data[s.LOWER_BOUNDS], float)
+    col_ub = np.full(n, np.inf) if data.get(s.UPPER_BOUNDS) is None else np.array(data[s.UPPER_BOUNDS], float)
+    ints = np.concatenate([np.asarray(data[s.BOOL_IDX], int), np.asarray(data[s.INT_IDX], int)])
+    bools = np.asarray(data[s.BOOL_IDX], int)
+    col_lb[bools] = np.maximum(col_lb[bools], 0)
+    col_ub[bools] = np.minimum(col_ub[bools], 1)
+    offset = float(np.ravel(data.get(s.OFFSET, 0.0))[0]) if data.get(s.OFFSET) is not None else 0.0
     opts = {"log": "1", "timeMode": "elapsed", "seconds": f"{max(0.7 * time_limit, 0.1):g}",
             "allowableGap": f"{max(gap_abs, 0.0):.12g}", "randomSeed": "1", "randomCbcSeed": "1"}
     opts.update(params or {})
-    A = form.A
-    job = {"lib": lib, "n": form.n, "m": form.m, "indptr": A.indptr, "indices": A.indices, "data": A.data,
-           "col_lb": form.col_lb, "col_ub": form.col_ub, "c": form.c, "row_lb": form.row_lb, "row_ub": form.row_ub,
-           "ints": form.ints, "params": opts, "start_idx": form.start_idx, "start_val": form.start_val,
-           "every_s": every_s, "verbose": verbose}
-    report = Reporter(progress, form.offset, shown_offset)
+    start_idx = start_val = None
+    if start:
+        cols = data[s.PARAM_PROB].var_id_to_col
+        idx, val = [], []
+        for var, v in start.items():
+            if var is None or var.id not in cols:
+                continue
+            first = cols[var.id]
+            idx.append(np.arange(first, first + var.size))
+            val.append(np.asarray(v, dtype=float).ravel())
+        if idx:
+            start_idx, start_val = np.concatenate(idx), np.concatenate(val)
+    job = {"lib": lib, "n": n, "m": m, "indptr": A.indptr, "indices": A.indices, "data": A.data,
+           "col_lb": col_lb, "col_ub": col_ub, "c": c, "row_lb": row_lb, "row_ub": b, "ints": ints,
+           "params": opts, "start_idx": start_idx, "start_val": start_val, "every_s": every_s,
+           "verbose": verbose}
+    history: list[tuple[float, float | None, float | None]] = []
+
+    def report(now, best, bound):
+        history.append((now, best, bound))
+        if progress is None:
+            return
+        add = offset + shown_offset
+        total = None if best is None else best + add
+        gap = "" if total is None or bound is None else f", gap {100 * max(0.0, best - bound) / max(abs(total), 1e-12):.2f} %"
+        progress(f"  {now:6.1f} s  incumbent {'-' if best is None else f'{best + add:.6g}'}"
+                 f"  bound {'-' if bound is None else f'{bound + add:.6g}'}{gap}")
 
     # CBC's clock (70 % of the limit) misses its preprocessing and its heuristics' sub-searches
     # (a "mini branch and bound" ran 20 s past a 27 s limit on ResNet-50, then gave the only
@@ -127,6 +180,33 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
     child.wait()
     elapsed = time.perf_counter() - t0
     if done is None:
-        return report.lost(detail, elapsed)
+        if progress is not None:
+            progress(f"  {detail}; the start schedule stands")
+        best = next((h[1] for h in reversed(history) if h[1] is not None), None)
+        return MilpOutcome(status="no_integer", objective=None, bound=None, solve_time_s=elapsed,
+                           history=history, detail=f"{detail} (its best incumbent: {best})" if best is not None
+                           else detail)
     _, x, optimal, infeasible, bound = done
-    return finish(problem, form, x, optimal, infeasible, bound, gap_abs, elapsed, report)
+    bound = None if not np.isfinite(bound) or abs(bound) >= 1e49 else bound
+    objective = None
+    if x is not None:
+        objective = float(c @ x)
+        status = s.OPTIMAL if optimal else s.USER_LIMIT
+        with warnings.catch_warnings():  # "Solution may be inaccurate" for a stopped search
+            warnings.simplefilter("ignore")
+            problem.unpack_results({"status": status, "primal": x, "value": objective}, chain, inverse)
+        if optimal:
+            kind = "optimal"
+        elif bound is not None and objective - bound <= gap_abs * (1 + 1e-9):
+            kind = "gap"
+        else:
+            kind = "time_limit"
+    elif infeasible:
+        kind = "infeasible"
+    else:
+        kind = "no_integer"
+    if objective is not None and kind == "optimal":
+        bound = objective if bound is None else min(bound, objective)
+    report(elapsed, objective, bound)
+    return MilpOutcome(status=kind, objective=None if objective is None else objective + offset,
+                       bound=None if bound is None else bound + offset, solve_time_s=elapsed, history=history)

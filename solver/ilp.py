@@ -53,22 +53,16 @@ import scipy.sparse as sp
 from monet.graph import OpGraph
 from monet.schedule import ancestors
 from monet.solver.cbc import solve_cbc
-from monet.solver.milp import MilpOutcome
-from monet.solver.pulp_cbc import PulpCbcRun, solve_pulp_cbc, start_pulp_cbc
 from monet.solver.memory_model import MemoryModel
 from monet.solver.repair import (drop_greedily, improve, repaired_candidates, round_and_repair,
                                  smallest_candidate)
 from monet.solver.windows import drop_windows
 from monet.terms import arg
 
-# MILP solvers by name: cvxpy's, and "PULP", PuLP's bundled CBC program on several threads
-# (`solver.pulp_cbc`; pulp is installed with monet)
-SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP, "PULP": None}
+SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # Above this many variables CBC found no schedule better than its start within a minute on 2
 # cores (ResNet-50 at batch 184: 91,000), so the time goes to the local search instead; HiGHS's
 # presolve alone outlasted the test suite's 4 s limits there, so the rule holds for every solver
-# but PULP, whose CBC runs on its own threads in a process of its own next to the local search
-# (issue 36: whether more threads make a MIP solve useful there)
 LARGE = 20000
 
 
@@ -480,10 +474,12 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool, s
     name = solver.upper()
     if name not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
-    if (name == "CBC" and not through_cvxpy) or name == "PULP":
-        back_end = solve_cbc if name == "CBC" else solve_pulp_cbc
-        return _as_run(back_end(problem, time_limit=time_limit, gap_abs=gap_abs, start=start, progress=progress,
-                                verbose=verbose, shown_offset=shown_offset))
+    if name == "CBC" and not through_cvxpy:
+        out = solve_cbc(problem, time_limit=time_limit, gap_abs=gap_abs, start=start, progress=progress,
+                        verbose=verbose, shown_offset=shown_offset)
+        status = {"optimal": cp.OPTIMAL, "gap": cp.USER_LIMIT, "time_limit": cp.USER_LIMIT,
+                  "infeasible": cp.INFEASIBLE}.get(out.status, cp.SOLVER_ERROR)
+        return _Run(status, out.bound, out.solve_time_s, out.history, out.status == "gap")
     kwargs: dict = {}
     if name == "CBC":
         kwargs = {"maximumSeconds": max(1, int(time_limit))}  # CPU seconds, overrun by root cuts
@@ -503,28 +499,6 @@ def _solve(problem: cp.Problem, solver: str, time_limit: float, verbose: bool, s
     if status == cp.OPTIMAL and problem.value is not None:
         bound = float(problem.value)
     return _Run(status, bound, time.perf_counter() - t0, [])
-
-
-def _as_run(out: MilpOutcome) -> _Run:
-    """A CBC back-end's outcome (`solver.milp.MilpOutcome`) as a `_Run`."""
-    status = {"optimal": cp.OPTIMAL, "gap": cp.USER_LIMIT, "time_limit": cp.USER_LIMIT,
-              "infeasible": cp.INFEASIBLE}.get(out.status, cp.SOLVER_ERROR)
-    return _Run(status, out.bound, out.solve_time_s, out.history, out.status == "gap")
-
-
-def _background_answer(run: PulpCbcRun, problem: cp.Problem, P: Problem, start_objective: float | None) -> _Run:
-    """The answer of the MIP solve that ran next to the local search above `LARGE` (PULP): kept
-    in the problem's variables only when it is an integer schedule faster than the search's
-    (``start_objective``, model units; None: the search found none), else the variables are
-    cleared and only its bound stands."""
-    out = run.result()
-    res = _as_run(out)
-    if out.objective is not None and P.integral() and (start_objective is None
-                                                        or out.objective < start_objective - 1e-12):
-        return res
-    for v in problem.variables():
-        v.value = None
-    return _Run(cp.USER_LIMIT, res.bound, res.seconds, res.history)
 
 
 def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: float, mode: str,
@@ -752,9 +726,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         budget: bytes; the ILP's memory expressions (an upper bound of the executor's) must fit.
         mode: "normal" (recompute or store), "none" (keep everything: plain PyTorch) or a mode
             with implementation choices (``mem`` then carries the options).
-        solver: "CBC" (default), "HIGHS", "SCIP" or "PULP" (PuLP's CBC on every core this process
-            may use, `solver.pulp_cbc`; above `LARGE` it runs next to the local search, from the
-            start, without a MIP start).
+        solver: "CBC" (default), "HIGHS" or "SCIP".
         time_limit: seconds (wall clock); the best schedule found by then is returned with its gap.
         constant_s: forward + backward time added to the objective (seconds).
         gap: stop once the schedule is proven within this fraction of the best bound (the
@@ -788,11 +760,6 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     lp, frac_s, frac_m = (None, None, None)
     large = n_vars > LARGE  # see LARGE
     background = None
-    # PULP above LARGE: its CBC process starts now and runs until the local search ends
-    mip_next_to_search = (start_pulp_cbc(problem, time_limit=max(1.0, time_limit - 2.5 - (time.perf_counter() - t0)),
-                                         gap_abs=gap * constant_s, progress=progress, verbose=verbose,
-                                         shown_offset=constant_s)
-                          if large and solver.upper() == "PULP" and mode != "none" else None)
     if mode != "none" and relaxation:
         # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback.
         # At full scale it runs in a thread next to the local search (12-27 s on ResNet-50 at batch
@@ -814,14 +781,6 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
                  time.perf_counter() + 0.25 * time_limit)
     start = (_start(P, graph, mem, recompute_s, limit, frac_s, polish, iterate=large)
              if mode != "none" else None)
-    if large:
-        start_obj = None if start is None else start[1] + (float(P.opt_time @ mem.default_options())
-                                                           if mem.n_options else 0.0)
-        if progress is not None and start is not None:
-            progress(f"  {n_vars} variables: " + (f"{solver.upper()} skipped, " if mip_next_to_search is None else "")
-                     + f"the local search's schedule stands ({start_obj + constant_s:.6g} s)")
-        run = (_Run(cp.USER_LIMIT, None, 0.0, []) if mip_next_to_search is None
-               else _background_answer(mip_next_to_search, problem, P, start_obj))
     if background is not None:
         lp, _, _ = relaxation_result(background, t0 + time_limit)
         if progress is not None:
@@ -830,11 +789,14 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     if large:
         # CBC did not answer within a minute at this size (ResNet-50 at batch 184, 60,000-91,000
         # variables: preprocessing alone outlasted every share of the limit), so no MIP solver is
-        # run after the search and its schedule stands (or PULP's, found next to it, when faster),
-        # with the LP relaxation's bound; without one (nothing repaired fits: GPT-2 below 52 % of
-        # its plain peak, where CBC ran 6-24 s for nothing), the repair fallback below and the
-        # smallest-budget search answer
-        pass
+        # run and the local search's schedule stands, with the LP relaxation's bound; without one
+        # (nothing repaired fits: GPT-2 below 52 % of its plain peak, where CBC ran 6-24 s for
+        # nothing), the repair fallback below and the smallest-budget search answer
+        run = _Run(cp.USER_LIMIT, None, 0.0, [])
+        if progress is not None and start is not None:
+            shown = start[1] + constant_s + (float(P.opt_time @ mem.default_options()) if mem.n_options else 0.0)
+            progress(f"  {n_vars} variables: {solver.upper()} skipped, the local search's schedule stands "
+                     f"({shown:.6g} s)")
     else:
         remaining = max(1.0, time_limit - (time.perf_counter() - t0))
         run = _solve(problem, solver, remaining, verbose, start=None if start is None else start[0],

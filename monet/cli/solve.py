@@ -105,9 +105,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
                    help="stop once the schedule is proven within this fraction of the best bound "
                         "(default %(default)g; 0: optimal)")
-    p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP", "PULP"], default="CBC",
-                   help="MILP solver (HIGHS and SCIP need highspy / pyscipopt; PULP: PuLP's CBC on every core, "
-                        "also above 20,000 variables, next to the local search)")
+    p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
+                   help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
     p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
                    help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, needs "
                         "no device; each operator's workspace is charged at an upper bound from its "

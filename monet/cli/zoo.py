@@ -58,7 +58,7 @@ def add_arguments(p) -> None:
                    help="seconds per solve (default %(default)g, monet solve's)")
     z.add_argument("--gap", type=float, default=DEFAULT_GAP, metavar="FRACTION",
                    help="stop a solve once proven within this fraction of the bound (default %(default)g)")
-    z.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP", "PULP"], default="CBC", help="MILP solver")
+    z.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC", help="MILP solver")
     z.add_argument("--jobs", "-j", type=int, default=1, help="models solved in parallel, one process each")
     z.add_argument("--skip-existing", action="store_true",
                    help="keep entries already built for the same graph (resume an interrupted build)")
