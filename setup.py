@@ -28,7 +28,6 @@ setup(
         "pandas",
         "cvxpy",
         "cylp",
-        "pulp",
         "tqdm",
         "matplotlib",
     ],

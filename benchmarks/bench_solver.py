@@ -1,7 +1,7 @@
 """Solver benchmark at MONeT's full-scale configurations (issue 4): how big the ILP is, how long it
 takes, and how close to the bound its schedule is.
 
-    python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC]
+    python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC[,HIGHS]]
                                       [--time-limit 60] [--gap 0.01] [--plain] [--min-budget] [--out BENCHMARKS.md]
                                       [--peers checkpoint_all,chen,greedy,rounding,ilp]
 
@@ -21,6 +21,12 @@ the command that found it) within the time limit, or, for a budget below the sma
 one, proven infeasible within the limit (the budget is under the LP relaxation's bound on the
 smallest budget, `solver.ilp.min_budget_relaxation`) where no schedule is known.  A ``min`` row
 meets it when the smallest budget found within the limit is within 1 % of the best known one.
+``to_best_s`` is the wall time from the call until the solve first held a schedule within 1 % of
+the best known, as its progress lines announce them (a MIP solver's incumbents, the local
+search's schedule at the end of its step; the call's end when no line did but the schedule
+returned is within 1 %); "-" when the schedule returned is not.  ``--solver CBC,HIGHS`` solves
+each budget with each solver in turn (one row each, interleaved, so that the load of other
+processes hits both alike).
 ``--record-best`` writes every row that beats the file's entry back into it, with this command.  With
 ``--plain`` each row is followed by MONeT's formulation as written (no pruned variables, no LP
 relaxation, no start, the solver through cvxpy) at the same time limit, for contrast; with
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
 import shlex
 import sys
 import time
@@ -56,6 +63,37 @@ BUDGETS = (70, 60, 50, 40, 33)
 MODE = "inplace_conv_multiway_newnode"
 SECTION = "## Solver at full scale"
 TARGET = 0.01  # a row's schedule (or smallest budget) within 1 % of the best known (issue 18)
+# the objectives (seconds) a solve's progress lines announce: a MIP solver's incumbents, the local
+# search's schedule above solver.ilp.LARGE
+_ANNOUNCED = re.compile(r"incumbent ([-+0-9.eE]+)|local search's schedule stands \(([-+0-9.eE]+) s\)")
+# an announced value this far below the best known is not this row's objective (the smallest-budget
+# search's incumbents are budgets, in the ILP's units)
+_BELOW = 0.05
+
+
+class _Trace:
+    """A solve's progress callback: logs each line (`_log`) and keeps the (seconds since the
+    trace began, objective) points the lines announce (`_ANNOUNCED`)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.points: list[tuple[float, float]] = []
+
+    def __call__(self, line: str) -> None:
+        m = _ANNOUNCED.search(line)
+        if m:
+            self.points.append((time.perf_counter() - self.t0, float(m.group(1) or m.group(2))))
+        _log(line)
+
+
+def _time_to_best(points, known: float | None, value: float | None, solve_s: float | None) -> float | None:
+    """Seconds until a schedule within `TARGET` of ``known`` (the best known objective) was first
+    announced (``points``: (seconds, objective)), else ``solve_s`` when the returned ``value`` is
+    within it; None when the returned schedule is not within it (or there is none, or no best known)."""
+    if known is None or value is None or value > known * (1 + TARGET) + 1e-12:
+        return None
+    hits = [t for t, v in points if known * (1 - _BELOW) <= v <= known * (1 + TARGET) + 1e-12]
+    return min(hits + [solve_s])
 
 
 def _against_best(row: dict, best: dict, time_limit: float) -> None:
@@ -64,6 +102,8 @@ def _against_best(row: dict, best: dict, time_limit: float) -> None:
     value = row.get("_value")
     row["best_known"] = known
     row["vs_best"] = None if known is None or value is None else value / known - 1.0
+    if row["_key"] != "min":
+        row["to_best_s"] = _time_to_best(row.get("_points", []), known, value, row["solve_s"])
     in_time = row["solve_s"] is not None and row["solve_s"] <= time_limit
     if row["vs_best"] is not None:
         row["meets target"] = "yes" if in_time and row["vs_best"] <= TARGET + 1e-9 else "no"
@@ -91,9 +131,12 @@ def _graph_and_costs(model_name: str, batch: int):
 
 def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: float, gap: float,
                  plain: bool, on_row=None, min_budget_row: bool = False, best: dict | None = None) -> list[dict]:
-    """Rows (dicts) for one configuration; see the module docstring for the columns.  With
-    ``min_budget_row``, a last row times the smallest-budget search; ``best``: `load_best_known`'s
-    table the rows are held against."""
+    """Rows (dicts) for one configuration; see the module docstring for the columns.  ``solver``:
+    one name, or several comma-separated (each budget is solved by each in turn; ``--plain`` and
+    the smallest-budget row use the first).  With ``min_budget_row``, a last row times the
+    smallest-budget search; ``best``: `load_best_known`'s table the rows are held against."""
+    solvers = [x.strip().upper() for x in solver.split(",") if x.strip()]
+    solver = solvers[0]
     best = load_best_known() if best is None else best
     from monet.solver.ilp import InfeasibleBudgetError, plain_solve, problem_size
     from monet.solver.solve import eager_peak, fixed_time, full_model, parse_budget, solve
@@ -107,16 +150,18 @@ def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: 
          f"{len(options)} implementation options, plain peak {eager / 2**30:.2f} GiB, "
          f"prepared in {time.perf_counter() - t0:.1f} s")
     rows = []
-    for pct in budgets:
+    for pct, each in ((p, x) for p in budgets for x in solvers):
         budget = parse_budget(f"{pct:g}%", eager)
-        row = dict(model=model_name, batch=batch, budget=f"{pct:g} %", formulation="fast", solver=solver.upper(),
+        row = dict(model=model_name, batch=batch, budget=f"{pct:g} %", formulation="fast", solver=each,
                    variables=n_vars, constraints=n_cons, build_s=build_s, solve_s=None, objective_s=None,
                    bound_s=None, gap=None, peak_over_budget=None, status="", costs=source, _key=f"{pct:g}")
-        _log(f"{model_name} at {pct} % ({budget / 2**30:.2f} GiB), {solver}, limit {time_limit:g} s")
+        _log(f"{model_name} at {pct} % ({budget / 2**30:.2f} GiB), {each}, limit {time_limit:g} s")
+        trace = _Trace()
+        row["_points"] = trace.points
         t1 = time.perf_counter()
         try:
-            sol = solve(graph, costs, budget, MODE, solver=solver, time_limit=time_limit, device="cuda",
-                        cost_fn=cost_fn, gap=gap, progress=_log)
+            sol = solve(graph, costs, budget, MODE, solver=each, time_limit=time_limit, device="cuda",
+                        cost_fn=cost_fn, gap=gap, progress=trace)
             m = sol.meta
             row.update(solve_s=time.perf_counter() - t1, objective_s=m.objective_s, bound_s=m.bound_s,
                        gap=m.gap, peak_over_budget=m.predicted_peak_bytes / budget, status=m.status,
@@ -131,7 +176,7 @@ def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: 
         rows.append(row)
         if on_row:
             on_row(rows)
-        if plain:
+        if plain and each == solver:
             p = plain_solve(graph, mem, costs.fwd_recompute, budget, MODE, solver, time_limit,
                             constant_s=fixed_time(graph, costs, options))
             gap_p = (None if p["objective_s"] is None or p["bound_s"] is None
@@ -140,7 +185,8 @@ def bench_config(model_name: str, batch: int, budgets, solver: str, time_limit: 
                          "constraints": p["n_constraints"], "build_s": p["build_s"], "solve_s": p["solve_s"],
                          "objective_s": p["objective_s"], "bound_s": p["bound_s"], "gap": gap_p,
                          "peak_over_budget": None, "status": p["status"], "meets target": "-",
-                         "best_known": None, "vs_best": None, "_value": None})
+                         "best_known": None, "vs_best": None, "to_best_s": None, "_value": None,
+                         "_points": []})
             if on_row:
                 on_row(rows)
     if min_budget_row:
@@ -223,8 +269,8 @@ def to_markdown(rows: list[dict], argv: list[str]) -> str:
     cols = list(df.columns)
     cols.remove("meets target")
     df = df[cols + ["meets target"]]
-    fmt = {"build_s": "{:.2f}", "solve_s": "{:.1f}", "objective_s": "{:.4f}", "bound_s": "{:.4f}"}
-    for col, f in fmt.items():
+    fmt = {"build_s": "{:.2f}", "solve_s": "{:.1f}", "objective_s": "{:.4f}", "bound_s": "{:.4f}", "to_best_s": "{:.1f}"}
+    for col, f in ((c, f) for c, f in fmt.items() if c in df):
         df[col] = df[col].map(lambda v, f=f: "-" if v is None or pd.isna(v) else f.format(v))
     df["gap"] = df["gap"].map(lambda v: "-" if v is None or pd.isna(v) else f"{100 * v:.2f} %")
     df["peak_over_budget"] = df["peak_over_budget"].map(lambda v: "-" if v is None or pd.isna(v) else f"{v:.3f}")
@@ -240,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0] + " Needs no GPU.")
     p.add_argument("--models", default=",".join(CONFIGS), help="comma-separated zoo models (batch from CONFIGS)")
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="percentages of the plain peak")
-    p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC")
+    p.add_argument("--solver", type=str.upper, default="CBC",
+                   help="MILP solver: CBC, HIGHS or SCIP; several comma-separated (CBC,HIGHS) solve each "
+                        "budget with each in turn, interleaved")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per solve (wall clock)")
     p.add_argument("--gap", type=float, default=DEFAULT_GAP,
                    help="stop once proven within this fraction of the bound (default %(default)g, monet solve's)")
@@ -263,6 +311,12 @@ def run(args, argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"bench-solver: unknown model(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
     budgets = [float(b) for b in args.budgets.split(",") if b.strip()]  # "" : only --min-budget rows
+    from monet.solver.ilp import SOLVERS
+
+    solvers = [x.strip() for x in args.solver.split(",") if x.strip()]
+    if not solvers or any(x not in SOLVERS for x in solvers) or (args.peers and len(solvers) > 1):
+        raise SystemExit(f"bench-solver: --solver {args.solver}: name one of {', '.join(SOLVERS)} "
+                         "(several, comma-separated, only without --peers)")
     rows: list[dict] = []
     best = load_best_known()
     if args.peers:

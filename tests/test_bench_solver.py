@@ -42,3 +42,22 @@ def test_record_best_keeps_the_lowest(tmp_path):
     table = bs.load_best_known(path)
     assert table == {("resnet50", 184, "50"): 1.0, ("resnet50", 184, "min"): 150.0}
     assert bs.record_best_known([_row(value=None)], "cmd C", path) == []  # a refused row records nothing
+
+
+def test_time_to_best_is_the_first_announced_schedule_within_the_target():
+    points = [(2.0, 1.05), (5.0, 1.009), (7.0, 1.0), (9.0, 0.5)]  # 0.5: a budget, not an objective
+    assert bs._time_to_best(points, known=1.0, value=1.0, solve_s=60.0) == 5.0
+    assert bs._time_to_best([(3.0, 1.02)], known=1.0, value=1.005, solve_s=60.0) == 60.0  # only at the end
+    assert bs._time_to_best(points, known=1.0, value=1.02, solve_s=60.0) is None  # returned a worse one
+    assert bs._time_to_best(points, known=None, value=1.0, solve_s=60.0) is None
+    row = _row(value=1.0, _points=[(4.0, 1.0)])
+    bs._against_best(row, {("resnet50", 184, "50"): 1.0}, 60.0)
+    assert row["to_best_s"] == 4.0
+
+
+def test_trace_keeps_the_objectives_its_lines_announce():
+    trace = bs._Trace()
+    for line in ("  LP relaxation: bound 0.62 s (3.1 s)", "     4.0 s  incumbent 0.6312  bound 0.62, gap 1.00 %",
+                 "  85980 variables: CBC skipped, the local search's schedule stands (0.631187 s)"):
+        trace(line)
+    assert [v for _, v in trace.points] == [0.6312, 0.631187]
