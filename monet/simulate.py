@@ -163,7 +163,8 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
     bwd_id = {n.name: n.id for n in graph.bwd}
 
     def ws(n: fx.Node) -> int:
-        return node_ws(n) + getattr(n.target, "scratch_bytes", 0)  # a replayed random op (`monet.rng`)
+        # a replayed random op (`monet.rng`) holds the generator's own state: a tensor, so a block
+        return node_ws(n) + terms.block(getattr(n.target, "scratch_bytes", 0))
 
     def node_ws(n: fx.Node) -> int:
         tag = n.meta.get("monet")

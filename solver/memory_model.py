@@ -36,16 +36,17 @@ implementation options:
 
   This equals the simulator (`monet.simulate`) on schedules that keep nothing they do not read,
   but for the generator states (counted in every stage, where the executor frees each after its
-  last recomputation: 5,056 bytes a random node on the CPU, 16 on CUDA), and bounds it from above
-  on any schedule (a group kept where no recomputation or backward node reads it, and one
-  recomputed in a stage for a later one, count from the stage's start), so a schedule that
-  satisfies it fits the budget (tested in tests/test_memory_model.py).  Before, a kept group counted through its
-  whole stage, a recomputed node counted all of its outputs while the backward node ran (a
-  BatchNorm's output where the backward node reads its batch statistics) and a recomputed value
-  counted until its last forward reader even where the stage does not recompute that reader:
-  on UserNet's checkpoint schedules with no workspace the ILP said 288,376 bytes for a
-  simulated 250,552 (+15 %), and a workspace that raised the simulated peak elsewhere hid it on
-  one machine and not on another.  Counting every recomputed value to the end of its stage, as
+  last recomputation: 5,056 bytes a random node on the CPU, a 512-byte block on a CUDA graph:
+  `rng_state_bytes`), and bounds it from above on any schedule (a group kept where no
+  recomputation or backward node reads it, and one recomputed in a stage for a later one, count
+  from the stage's start), so a schedule that satisfies it fits the budget (tested in
+  tests/test_memory_model.py, and on CUDA graphs in tests/test_cuda_memory.py).  Before, a kept
+  group counted through its whole stage, a recomputed node counted all of its outputs while the
+  backward node ran (a BatchNorm's output where the backward node reads its batch statistics) and
+  a recomputed value counted until its last forward reader even where the stage does not
+  recompute that reader: on UserNet's checkpoint schedules with no workspace the ILP said
+  288,376 bytes for a simulated 250,552 (+15 %), and a workspace that raised the simulated peak
+  elsewhere hid it on one machine and not on another.  Counting every recomputed value to the end of its stage, as
   this model did before that, overstated the peak of repaired LP roundings of ResNet-50 by 7 %
   and of checkpoint schedules by up to 2x.
 """
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monet.graph import OpGraph
-from monet.profiling.cuda_memory import sized_graph
+from monet.profiling.cuda_memory import memory_terms, sized_graph
 from monet.rng import random_op_device, state_meta
 
 
@@ -146,9 +147,11 @@ class MemoryModel:
         options: the `Option` list; ``choices``: option indices per choice.
         constant: parameters + buffers + input + output gradient (+ `OpGraph.library_bytes` on CUDA).
         rng_state_bytes: (N,) generator state the executor saves before random node k if some
-            stage recomputes it (`monet.rng`; 5,056 bytes on CPU, 16 on CUDA; 0 for other
-            nodes).  Counted from node k on in the forward pass and through every stage (the
-            executor frees it after its last recomputation) if R recomputes node k anywhere.
+            stage recomputes it (`monet.rng`; 5,056 bytes on CPU; on a CUDA graph the state's
+            allocator block, as the simulator counts it: 512 bytes; 0 for other nodes).  Counted
+            from node k on in the forward pass and through every stage (the executor frees it
+            after its last recomputation) if R recomputes node k anywhere, and once more while
+            node k is replayed (``fwd_workspace``: the generator's own state, held to restore it).
         offload: the `solver.offload.OffloadModel` (None: no offload).  The peaks below take the
             offloaded groups O (G,) 0/1; without O, `OffloadModel.effective` of the schedule
             (the allowed groups it keeps through their off-device window).
@@ -401,13 +404,17 @@ class _Index:
 
 def rng_state_bytes(graph: OpGraph) -> np.ndarray:
     """(N,) bytes of the generator state saved for each forward node that draws random numbers
-    (0 for the others), on the device it draws on (`monet.rng`)."""
+    (0 for the others), on the device it draws on (`monet.rng`), counted as the graph's device
+    counts a tensor (`monet.profiling.cuda_memory.memory_terms`): exact on the CPU (5,056 bytes), an
+    allocator block on a CUDA graph (512 for a CUDA generator's 16 bytes, 5,120 for the CPU
+    generator's 5,056), as the simulator counts the saved state and the one a replay holds."""
     out = np.zeros(len(graph.fwd))
     random = {n.name: n.id for n in graph.fwd if n.random}
     if random:
+        terms = memory_terms(graph)
         for fx_node in graph.joint.graph.nodes:
             if fx_node.name in random:
-                out[random[fx_node.name]] = state_meta(random_op_device(fx_node)).nbytes
+                out[random[fx_node.name]] = terms.tensor(state_meta(random_op_device(fx_node)))
     return out
 
 
