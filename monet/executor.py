@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 
+import torch
 import torch.fx as fx
 
 from monet import compat
@@ -40,6 +41,35 @@ def _by_name(joint: fx.GraphModule) -> dict[str, fx.Node]:
     return {n.name: n for n in joint.graph.nodes}
 
 
+#: Python values a node's ``meta["val"]`` may hold that are the same in every run of the graph: an
+#: op's int, float or bool output under static shapes, None for an undefined tensor.
+_CONSTANT_TYPES = (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_constant(node: fx.Node) -> bool:
+    """True for a node whose traced value (``meta["val"]``) is a Python constant: an int, float,
+    bool, None (an undefined tensor) ..., the same in every run of the graph.
+
+    CUDA's fused attention kernels return such values among their outputs
+    (``_scaled_dot_product_flash_attention``: ``max_q``, ``max_k`` ints under static shapes,
+    ``cum_seq_q``, ``cum_seq_k`` undefined, None), and their backward reads them.  The backward
+    module takes them as constants: AOTAutograd's runtime saves only tensors and SymInts for the
+    backward pass (torch 2.11 failed on an int among the saved tensors in its donated-buffer
+    analysis, 2.13 in ``save_from_forward``).  A SymInt is not a constant (`is_symbolic`); a node
+    without a traced value is none."""
+    if "val" not in node.meta:
+        return False
+    val = node.meta["val"]
+    return val is None or isinstance(val, _CONSTANT_TYPES)
+
+
+def is_symbolic(node: fx.Node) -> bool:
+    """True for a node whose traced value is a SymInt, SymFloat or SymBool (dynamic shapes): saved
+    for the backward pass where AOTAutograd takes them, after the tensors."""
+    return isinstance(node.meta.get("val"), _SYMBOLIC_TYPES)
+
+
 def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """Build the backward FX graph of `schedule` and list the forward tensors it needs saved.
 
@@ -50,7 +80,9 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         (body, saved, placeholders): ``body`` has one placeholder per name in ``saved`` plus the
         tangents it reads, in the order they were first needed; ``saved`` are joint-graph names of
         the values the forward must hand over (kept forward values and the primals the backward
-        reads); ``placeholders`` maps those joint names to the body's placeholder nodes.
+        reads); ``placeholders`` maps those joint names to the body's placeholder nodes.  A kept
+        value whose traced value is a Python constant (`is_constant`: an int, None ...) is not
+        saved: ``body`` reads the constant.
 
     Raises:
         ScheduleError: a stage reads a value the schedule neither keeps nor recomputes.
@@ -70,7 +102,9 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
     permanent: dict[str, fx.Node] = {}  # primals, tangents, backward values and their views
     stage_of = {"t": -1, "by": ""}  # the stage being emitted and the node reading
 
-    def placeholder(name: str) -> fx.Node:
+    def placeholder(name: str):
+        if is_constant(nodes[name]):  # the same in every run: a constant of the backward graph
+            return nodes[name].meta["val"]
         if name not in placeholders:
             p = body.placeholder(name)
             p.meta = dict(nodes[name].meta)
@@ -160,7 +194,7 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         if step.kind == PREFETCH:
             v = step.value
             fid = owner_id(nodes[v])
-            if fid in kept_from_forward:
+            if fid in kept_from_forward and not is_constant(nodes[v]):
                 host = placeholder(v)
                 host.meta["monet_host"] = True
                 val = nodes[v].meta["val"]
@@ -240,9 +274,12 @@ def check_steps(graph: OpGraph, schedule: Schedule) -> None:
 def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules for AOTAutograd's runtime (``partition_fn``'s result).
 
-    The forward module computes the forward outputs and then returns the saved values (in the
-    order the backward module takes them, as AOTAutograd's calling convention requires: saved
-    values, then tangents).  The backward module is `emit_backward`'s graph.
+    The forward module computes the forward outputs and then returns the saved values in the
+    order AOTAutograd's runtime takes them: tensors checked for in-place changes, generator states
+    (`monet.rng`), tensors stashed without that check (mutated buffers), then SymInts (dynamic
+    shapes; `is_symbolic`).  The backward module is `emit_backward`'s graph; its placeholders are
+    the SymInts, the saved tensors in the same order, then the tangents (AOTAutograd's backward
+    calling convention).  Python constants the backward reads are baked into it (`is_constant`).
 
     Raises:
         ScheduleError: see `emit_backward`.
@@ -255,11 +292,12 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     # stashes such tensors without the version-counter check, at the end of the saved values.
     unchecked = [s for s in saved if graph.primal_kinds.get(s) == "buffer"]
     states = [s for s in saved if s.startswith(STATE_PREFIX)]  # generator states (`monet.rng`)
-    checked = [s for s in saved if s not in unchecked and s not in states]
-    saved = checked + states + unchecked
+    symbolic = [s for s in saved if s in nodes and is_symbolic(nodes[s])]
+    checked = [s for s in saved if s not in unchecked and s not in states and s not in symbolic]
+    saved = checked + states + unchecked + symbolic
     fwd_outputs, fwd_descs = compat.forward_outputs(joint, graph.num_fwd_outputs)
     primals, tangents = compat.primals_and_tangents(joint)
-    saved_nodes = [nodes[s] for s in checked + unchecked]
+    saved_nodes = [nodes[s] for s in checked + unchecked + symbolic]
     fw_graph = compat.extract_subgraph(joint.graph, primals, fwd_outputs + saved_nodes,
                                        fwd_descs + compat.saved_for_backward_descs(len(saved_nodes)), "forward")
     for n in fw_graph.find_nodes(op="placeholder"):
@@ -286,7 +324,7 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
 
     bw_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for name in saved + [t.name for t in tangents]:
+    for name in symbolic + checked + states + unchecked + [t.name for t in tangents]:
         p = bw_graph.placeholder(name)
         p.meta = dict(ph[name].meta if name in states or name in host else nodes[name].meta)
         if name in ph:
