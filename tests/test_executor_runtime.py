@@ -133,3 +133,23 @@ def test_cached_checks_still_refuse_bad_calls(wrapper):
     with pytest.raises(SolutionMismatchError, match="batch"):  # refused again: a refusal is not cached
         wrapped(torch.cat([x, x]))
     wrapped(x).sum().backward()
+
+
+@pytest.mark.parametrize("which", ["keep-all", "keep-nothing"])
+def test_backward_module_calls_no_detach(bn_case, which, monkeypatch):
+    """The joint graph detaches ReLU's output for its backward; the backward module reads the
+    output itself (no ATen call for nothing), for the wrapper and the simulator alike, and the
+    simulated peak is the one with the detaches."""
+    import monet.executor as executor
+    from monet.simulate import simulate
+
+    model, x, graph, schedules = bn_case
+    costs = costs_for(graph, analytic_costs(graph))
+    fw, bw = build_modules(graph, schedules[which])
+    assert torch.ops.aten.detach.default not in _targets(bw)
+    assert torch.ops.aten.threshold_backward.default in _targets(bw)
+    peak = simulate(graph, fw, bw, costs.fwd_workspace, costs.bwd_workspace).peak_bytes
+    monkeypatch.setattr(executor, "drop_detaches", lambda _g: 0)
+    fw0, bw0 = build_modules(graph, schedules[which])
+    assert torch.ops.aten.detach.default in _targets(bw0)
+    assert simulate(graph, fw0, bw0, costs.fwd_workspace, costs.bwd_workspace).peak_bytes == peak
