@@ -221,10 +221,13 @@ def paired_ratio(times, reference_times) -> float:
     return float(np.median(t / ref))
 
 
-def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> list[list[float]]:
+def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu",
+                         clock=time.perf_counter) -> list[list[float]]:
     """Seconds of every timed call of each of ``iterates`` (callables; one list per callable, of
     ``repeats`` floats, the i-th of each from the same turn), each called ``warmup`` times and then
-    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring")."""
+    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring").
+    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time, which the
+    other jobs of a shared machine move less (on the CPU only: a GPU's work is not in it)."""
     for _ in range(warmup):
         for it in iterates:
             it()
@@ -232,10 +235,10 @@ def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cp
     for _ in range(repeats):
         for it, acc in zip(iterates, times):
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             it()
             _sync(device)
-            acc.append(time.perf_counter() - t0)
+            acc.append(clock() - t0)
     return times
 
 
