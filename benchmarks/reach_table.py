@@ -130,10 +130,11 @@ def token_cross_entropy(logits, target):
     return F.cross_entropy(logits.flatten(0, -2), target.flatten())
 
 
-def build(name: str, batch: int):
+def build(name: str, batch: int, input_shape: tuple | None = None, kwargs: dict | None = None):
     """``(model, inputs, target, loss_fn)`` as `reach_models.build` (``loss_fn`` F.cross_entropy
     where there is a target), also for ``zoo/<name>``: the zoo model at `bench.CONFIGS`' CPU
-    configuration, trained with its task's loss inside the captured graph: a classifier with
+    configuration (or one sample's ``input_shape`` and the factory's ``kwargs`` given here: zoo
+    models only), trained with its task's loss inside the captured graph: a classifier with
     cross-entropy against random classes, the UNet with per-pixel cross-entropy against random
     class maps, GPT-2 small with next-token cross-entropy (`token_cross_entropy`) against random
     tokens.  A loss left outside the graph is outside the budget too: the mean square of GPT-2
@@ -148,9 +149,9 @@ def build(name: str, batch: int):
     zoo = name[len(ZOO):]
     cfg = bench.CONFIGS[zoo]
     torch.manual_seed(0)
-    model = get_model(zoo, **cfg.kwargs).train()
+    model = get_model(zoo, **(cfg.kwargs if kwargs is None else kwargs)).train()
     vocab = getattr(model, "vocab_size", None) if MODELS[zoo].input_kind == "tokens" else None
-    x = example_input(zoo, batch, cfg.input_shape, vocab_size=vocab)
+    x = example_input(zoo, batch, input_shape or cfg.input_shape, vocab_size=vocab)
     if vocab is not None:
         return model, x, torch.randint(0, vocab, x.shape), token_cross_entropy
     if zoo == "unet":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 
+import torch
 import torch.fx as fx
 
 from monet import compat
@@ -40,6 +41,35 @@ def _by_name(joint: fx.GraphModule) -> dict[str, fx.Node]:
     return {n.name: n for n in joint.graph.nodes}
 
 
+#: Python values a node's ``meta["val"]`` may hold that are the same in every run of the graph: an
+#: op's int, float or bool output under static shapes, None for an undefined tensor.
+_CONSTANT_TYPES = (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_constant(node: fx.Node) -> bool:
+    """True for a node whose traced value (``meta["val"]``) is a Python constant: an int, float,
+    bool, None (an undefined tensor) ..., the same in every run of the graph.
+
+    CUDA's fused attention kernels return such values among their outputs
+    (``_scaled_dot_product_flash_attention``: ``max_q``, ``max_k`` ints under static shapes,
+    ``cum_seq_q``, ``cum_seq_k`` undefined, None), and their backward reads them.  The backward
+    module takes them as constants: AOTAutograd's runtime saves only tensors and SymInts for the
+    backward pass (torch 2.11 failed on an int among the saved tensors in its donated-buffer
+    analysis, 2.13 in ``save_from_forward``).  A SymInt is not a constant (`is_symbolic`); a node
+    without a traced value is none."""
+    if "val" not in node.meta:
+        return False
+    val = node.meta["val"]
+    return val is None or isinstance(val, _CONSTANT_TYPES)
+
+
+def is_symbolic(node: fx.Node) -> bool:
+    """True for a node whose traced value is a SymInt, SymFloat or SymBool (dynamic shapes): saved
+    for the backward pass where AOTAutograd takes them, after the tensors."""
+    return isinstance(node.meta.get("val"), _SYMBOLIC_TYPES)
+
+
 def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """Build the backward FX graph of `schedule` and list the forward tensors it needs saved.
 
@@ -50,7 +80,9 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         (body, saved, placeholders): ``body`` has one placeholder per name in ``saved`` plus the
         tangents it reads, in the order they were first needed; ``saved`` are joint-graph names of
         the values the forward must hand over (kept forward values and the primals the backward
-        reads); ``placeholders`` maps those joint names to the body's placeholder nodes.
+        reads); ``placeholders`` maps those joint names to the body's placeholder nodes.  A kept
+        value whose traced value is a Python constant (`is_constant`: an int, None ...) is not
+        saved: ``body`` reads the constant.
 
     Raises:
         ScheduleError: a stage reads a value the schedule neither keeps nor recomputes.
@@ -70,7 +102,9 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
     permanent: dict[str, fx.Node] = {}  # primals, tangents, backward values and their views
     stage_of = {"t": -1, "by": ""}  # the stage being emitted and the node reading
 
-    def placeholder(name: str) -> fx.Node:
+    def placeholder(name: str):
+        if is_constant(nodes[name]):  # the same in every run: a constant of the backward graph
+            return nodes[name].meta["val"]
         if name not in placeholders:
             p = body.placeholder(name)
             p.meta = dict(nodes[name].meta)
@@ -160,7 +194,7 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         if step.kind == PREFETCH:
             v = step.value
             fid = owner_id(nodes[v])
-            if fid in kept_from_forward:
+            if fid in kept_from_forward and not is_constant(nodes[v]):
                 host = placeholder(v)
                 host.meta["monet_host"] = True
                 val = nodes[v].meta["val"]
@@ -237,12 +271,20 @@ def check_steps(graph: OpGraph, schedule: Schedule) -> None:
     emit_backward(graph, schedule)
 
 
-def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
+def build_modules(graph: OpGraph, schedule: Schedule,
+                  buffers_in_place: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules for AOTAutograd's runtime (``partition_fn``'s result).
 
-    The forward module computes the forward outputs and then returns the saved values (in the
-    order the backward module takes them, as AOTAutograd's calling convention requires: saved
-    values, then tangents).  The backward module is `emit_backward`'s graph.
+    The forward module computes the forward outputs and then returns the saved values in the
+    order AOTAutograd's runtime takes them: tensors checked for in-place changes, generator states
+    (`monet.rng`), tensors stashed without that check (buffers the forward mutates and their new
+    values), then SymInts (dynamic shapes; `is_symbolic`).  The backward module is `emit_backward`'s graph; its placeholders are
+    the SymInts, the saved tensors in the same order, then the tangents (AOTAutograd's backward
+    calling convention).  Python constants the backward reads are baked into it (`is_constant`).
+
+    ``buffers_in_place``: the forward module updates BatchNorm's running statistics in place
+    (`update_buffers_in_place`), as the wrapper runs it; False (the simulator's and the tests'
+    view): AOTAutograd's functional form, which allocates their new values (a few KiB more).
 
     Raises:
         ScheduleError: see `emit_backward`.
@@ -251,18 +293,22 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     nodes = _by_name(joint)
     body, saved, ph = emit_backward(graph, schedule)
     # Buffers the forward mutates (BatchNorm's running statistics) are read again only by
-    # recomputed ops that use them to compute new statistics, which are dropped; AOTAutograd
-    # stashes such tensors without the version-counter check, at the end of the saved values.
-    unchecked = [s for s in saved if graph.primal_kinds.get(s) == "buffer"]
+    # recomputed ops that use them to compute new statistics, which are dropped, and their new
+    # values only by BatchNorm's training-mode backward, which ignores them; AOTAutograd stashes
+    # such tensors without the version-counter check, at the end of the saved values (updated in
+    # place, a new value is the buffer itself, whose version the runtime's copy_ bumps).
+    unchecked = [s for s in saved
+                 if graph.primal_kinds.get(s) == "buffer" or (s in nodes and _new_running_stat(nodes[s]))]
     states = [s for s in saved if s.startswith(STATE_PREFIX)]  # generator states (`monet.rng`)
-    checked = [s for s in saved if s not in unchecked and s not in states]
-    saved = checked + states + unchecked
+    symbolic = [s for s in saved if s in nodes and is_symbolic(nodes[s])]
+    checked = [s for s in saved if s not in unchecked and s not in states and s not in symbolic]
+    saved = checked + states + unchecked + symbolic
     fwd_outputs, fwd_descs = compat.forward_outputs(joint, graph.num_fwd_outputs)
     primals, tangents = compat.primals_and_tangents(joint)
-    saved_nodes = [nodes[s] for s in checked + unchecked]
+    saved_nodes = [nodes[s] for s in checked + unchecked + symbolic]
     fw_graph = compat.extract_subgraph(joint.graph, primals, fwd_outputs + saved_nodes,
                                        fwd_descs + compat.saved_for_backward_descs(len(saved_nodes)), "forward")
-    for n in fw_graph.find_nodes(op="placeholder"):
+    for n in fw_graph.nodes:
         if n.name in unchecked:
             n.meta[compat.NO_VERSION_CHECK] = True
     if states:  # save each recomputed random op's generator state right before it runs
@@ -283,10 +329,12 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     host = [s for s in saved if ph[s].meta.get("monet_host")]
     if host:
         _insert_offloads(graph, schedule, fw_graph, host)
+    if buffers_in_place:
+        update_buffers_in_place(fw_graph, {n for n, k in graph.primal_kinds.items() if k == "buffer"})
 
     bw_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for name in saved + [t.name for t in tangents]:
+    for name in symbolic + checked + states + unchecked + [t.name for t in tangents]:
         p = bw_graph.placeholder(name)
         p.meta = dict(ph[name].meta if name in states or name in host else nodes[name].meta)
         if name in ph:
@@ -294,6 +342,7 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     for n in body.nodes:
         if n.op != "placeholder":
             env[n] = bw_graph.node_copy(n, lambda a: env[a])
+    drop_detaches(bw_graph)
     if schedule.inplace:
         make_inplace(fw_graph)
         make_inplace(bw_graph)
@@ -301,6 +350,99 @@ def build_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, f
     fw = fx.GraphModule(joint, fw_graph)
     bw = fx.GraphModule(joint, bw_graph)
     return fw, bw
+
+
+_aten = torch.ops.aten
+
+
+def drop_detaches(bw_graph: fx.Graph) -> int:
+    """Read each ``detach`` node's input directly in the backward module; returns how many went.
+
+    AOTAutograd's joint graph detaches the values the backward reads (ReLU's output, twice, for
+    ``threshold_backward``: 100 of ResNet-50's 551 backward nodes), and the generated code would
+    call each one: an ATen call of about a microsecond on the CPU for nothing, since no value in the
+    backward module requires a gradient (AOTAutograd runs no double backward).  A detach is a view
+    of its input to the simulator too, so its memory accounting is unchanged.  One the module
+    returns is kept."""
+    count = 0
+    for n in list(bw_graph.nodes):
+        if n.op == "call_function" and n.target is _aten.detach.default and all(u.op != "output" for u in n.users):
+            n.replace_all_uses_with(n.args[0])
+            bw_graph.erase_node(n)
+            count += 1
+    return count
+
+
+def _new_running_stat(node: fx.Node) -> bool:
+    """A new running mean or variance: output 3 or 4 of ``_native_batch_norm_legit_functional``."""
+    return (node.op == "call_function" and node.target is operator.getitem and node.args[1] in (3, 4)
+            and isinstance(node.args[0], fx.Node)
+            and node.args[0].target is _aten._native_batch_norm_legit_functional.default)
+
+
+def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
+    """Let the forward module update BatchNorm's running statistics in place, as eager PyTorch
+    does; returns how many ops it rewrote.
+
+    AOTAutograd's graph is functional: ``_native_batch_norm_legit_functional`` copies the running
+    mean and variance, updates the copies and returns them, ``add(num_batches_tracked, 1)``
+    returns a new counter, and AOTAutograd's runtime copies each new value into its buffer after
+    the forward module (``orig.copy_(new)``): per BatchNorm two clones, an add and three copies
+    that eager PyTorch does not run (small tensors: on the CPU about 6 us per BatchNorm layer, 0.3
+    ms per ResNet-50 iteration; on a GPU five kernel launches).  Rewritten, the op is
+    ``_native_batch_norm_legit`` (updates ``running_mean`` and ``running_var`` in place) and
+    ``add_``, and the module returns the buffers themselves as their new values, which the
+    runtime's ``copy_`` then skips (ATen returns early when source and destination are the same
+    data).  Only where the buffer (a placeholder named in ``buffers``) has no other reader in the
+    module and the new value no other user than the output, so no op reads a buffer after it
+    changed.  The values and the gradients are the functional graph's, bit for bit; the running
+    statistics' copies are not allocated (a few KiB that the simulator, which reads the functional
+    form, still counts).  Where the backward module reads a new value (BatchNorm's backward takes
+    the running statistics and ignores them in training mode), it reads the buffer, saved without
+    the version-counter check (`build_modules` puts new values there).
+    """
+    out = next(iter(fw_graph.find_nodes(op="output")))
+
+    def sole_reader(buf, node) -> bool:
+        return (isinstance(buf, fx.Node) and buf.op == "placeholder" and buf.name in buffers
+                and set(buf.users) <= {node, out})
+
+    swap: dict[fx.Node, fx.Node] = {}  # a new value returned to the runtime -> the buffer itself
+    count = 0
+    for n in list(fw_graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is _aten._native_batch_norm_legit_functional.default:
+            rm, rv = n.args[3], n.args[4]
+            outs = {u.args[1]: u for u in n.users}
+            if not (sole_reader(rm, n) and sole_reader(rv, n) and rm is not rv
+                    and all(set(outs[i].users) <= {out} for i in (3, 4) if i in outs)):
+                continue
+            with fw_graph.inserting_before(n):
+                new = fw_graph.call_function(_aten._native_batch_norm_legit.default, n.args, n.kwargs)
+            new.meta = {k: v for k, v in n.meta.items() if k != "val"}
+            if isinstance(n.meta.get("val"), (tuple, list)):
+                new.meta["val"] = tuple(n.meta["val"][:3])
+            for i, u in outs.items():
+                if i < 3:
+                    u.args = (new, i)
+                else:
+                    swap[u] = rm if i == 3 else rv
+                    if u.meta.get(compat.NO_VERSION_CHECK):
+                        swap[u].meta[compat.NO_VERSION_CHECK] = True
+            count += 1
+        elif (n.target is _aten.add.Tensor and sole_reader(n.args[0], n) and n.args[1] == 1
+              and set(n.users) <= {out}):
+            n.target = _aten.add_.Tensor  # returns its first argument: the buffer
+            count += 1
+    if swap:
+        out.args = (tuple(swap.get(v, v) for v in out.args[0]),)
+        for u in swap:
+            fw_graph.erase_node(u)
+        for n in list(fw_graph.nodes):
+            if n.target is _aten._native_batch_norm_legit_functional.default and not n.users:
+                fw_graph.erase_node(n)
+    return count
 
 
 def _insert_offloads(graph: OpGraph, schedule: Schedule, fw_graph: fx.Graph, host: list[str]) -> None:

@@ -125,10 +125,22 @@ def _forward_taking(model: nn.Module, name: str) -> nn.Module | None:
 _WARNED_USE_CACHE: set = set()
 
 
-def training_inputs(model: nn.Module, inputs: ExampleInputs) -> ExampleInputs:
+def cache_owner(model: nn.Module) -> nn.Module | None:
+    """The module of ``model`` whose forward takes ``use_cache`` (``model`` itself, or the model
+    a wrapper such as `monet.plan.WithLoss` passes its keyword arguments to), or None; what
+    `training_inputs` reads its ``config`` from.  Reads the forwards' signatures: a caller that
+    runs every step keeps it (`monet.wrapper.MONeTWrapper` does)."""
+    return _forward_taking(model, "use_cache")
+
+
+_UNKNOWN = object()
+
+
+def training_inputs(model: nn.Module, inputs: ExampleInputs, owner=_UNKNOWN) -> ExampleInputs:
     """``inputs`` as a training call takes them: with ``use_cache=False`` added where the model's
     forward takes ``use_cache``, its ``config.use_cache`` is true (transformers' causal LMs: GPT-2,
     Llama, Qwen2 ...) and the caller did not pass ``use_cache``; else ``inputs`` unchanged.
+    ``owner``: `cache_owner` of ``model`` when the caller has it already (per training step).
 
     A cache (past keys and values, for generation) is an output training does not read, and one
     Dynamo cannot return; transformers' own gradient checkpointing turns ``use_cache`` off in
@@ -137,7 +149,7 @@ def training_inputs(model: nn.Module, inputs: ExampleInputs) -> ExampleInputs:
     """
     if "use_cache" in inputs.kwargs:
         return inputs
-    inner = _forward_taking(model, "use_cache")
+    inner = cache_owner(model) if owner is _UNKNOWN else owner
     if inner is None or not getattr(getattr(inner, "config", None), "use_cache", False):
         return inputs
     if type(inner) not in _WARNED_USE_CACHE:
@@ -320,4 +332,4 @@ def _user_frame(e: BaseException) -> str:
 
 
 __all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
-           "describe_export_failure", "training_inputs"]
+           "describe_export_failure", "training_inputs", "cache_owner"]

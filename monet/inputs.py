@@ -16,6 +16,10 @@ import torch
 import torch.utils._pytree as pytree
 
 
+#: argument types that are pytree leaves, not containers (`ExampleInputs.first`, `monet.wrapper.call_key`)
+_SCALARS = (bool, int, float, complex, str, torch.dtype, torch.device)
+
+
 @dataclass(frozen=True)
 class ExampleInputs:
     """Positional and keyword arguments of one call of a model.
@@ -63,7 +67,13 @@ class ExampleInputs:
 
     @property
     def first(self) -> torch.Tensor:
-        """The first tensor: its first dimension is the batch, its shape and dtype name the input."""
+        """The first tensor: its first dimension is the batch, its shape and dtype name the input.
+        Raises IndexError without one."""
+        for v in (*self.args, *self.kwargs.values()):  # the leaves' order while no argument is a container
+            if isinstance(v, torch.Tensor):
+                return v
+            if not (v is None or isinstance(v, _SCALARS)):
+                break
         return self.tensors()[0]
 
     @property

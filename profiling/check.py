@@ -18,6 +18,7 @@ plain PyTorch alike.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -175,15 +176,29 @@ def grad_rel_error(a: dict, b: dict) -> float:
     return (num ** 0.5) / max(den ** 0.5, 1e-300)
 
 
+def comparison_numerics(device):
+    """The numerics both sides of a gradient comparison run under on ``device`` (DESIGN.md, "What
+    must stay true"): on CUDA full fp32 (`monet.compat.strict_fp32`: TF32 off for cuDNN
+    convolutions, which torch 2.11-2.15 run in TF32 by default, and for cuBLAS matmuls), so that
+    a schedule running another convolution algorithm than plain PyTorch (full mode's
+    implementations; cuDNN's heuristics, which weigh the free memory) differs by fp32 rounding,
+    not by TF32's 10-bit mantissa, compounded over the layers; elsewhere nothing changes."""
+    from monet import compat
+
+    return compat.strict_fp32() if torch.device(device).type == "cuda" else contextlib.nullcontext()
+
+
 def compare_gradients(make_plain, make_wrapped, x, g: torch.Tensor | None, seed: int = 0, autocast=None):
     """Run one iteration of each from identical weights and RNG; return (`grad_rel_error`, grads
     bitwise equal, buffers bitwise equal).
 
     ``make_plain()`` and ``make_wrapped()`` build the two models from the same weights; ``x`` and
-    ``g`` as `measure_iteration_peak` takes them.
+    ``g`` as `measure_iteration_peak` takes them.  Both run under `comparison_numerics` of the
+    inputs' device (full fp32 on CUDA).
     """
-    ga, ba = grads_and_buffers(make_wrapped(), x, g, seed, autocast)
-    gb, bb = grads_and_buffers(make_plain(), x, g, seed, autocast)
+    with comparison_numerics(_inputs(x)[1]):
+        ga, ba = grads_and_buffers(make_wrapped(), x, g, seed, autocast)
+        gb, bb = grads_and_buffers(make_plain(), x, g, seed, autocast)
     equal = ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
     bequal = ba.keys() == bb.keys() and all(torch.equal(ba[k], bb[k]) for k in ba)
     return grad_rel_error(ga, gb), equal, bequal
@@ -221,10 +236,13 @@ def paired_ratio(times, reference_times) -> float:
     return float(np.median(t / ref))
 
 
-def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> list[list[float]]:
+def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu",
+                         clock=time.perf_counter) -> list[list[float]]:
     """Seconds of every timed call of each of ``iterates`` (callables; one list per callable, of
     ``repeats`` floats, the i-th of each from the same turn), each called ``warmup`` times and then
-    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring")."""
+    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring").
+    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time, which the
+    other jobs of a shared machine move less (on the CPU only: a GPU's work is not in it)."""
     for _ in range(warmup):
         for it in iterates:
             it()
@@ -232,10 +250,10 @@ def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cp
     for _ in range(repeats):
         for it, acc in zip(iterates, times):
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             it()
             _sync(device)
-            acc.append(time.perf_counter() - t0)
+            acc.append(clock() - t0)
     return times
 
 

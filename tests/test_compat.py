@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import pathlib
 import warnings
 
@@ -136,3 +137,23 @@ def test_allocation_events_see_a_cpu_allocation():
             del t
     sizes = [b for _, b, _, dev in compat.allocation_events(prof) if dev == "cpu"]
     assert (1 << 20) in sizes and -(1 << 20) in sizes
+
+
+def test_gradient_comparisons_run_in_full_fp32_on_cuda_only(mixed_tf32_settings, monkeypatch):
+    """`check.compare_gradients` runs both sides under `check.comparison_numerics` of the inputs'
+    device: TF32 off on CUDA (conv TF32 is torch's default there), nothing changed on the CPU."""
+    from monet.profiling import check
+
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    before = compat.numerics()
+    with check.comparison_numerics("cuda:0"):
+        assert compat.numerics()["cudnn_conv_fp32_precision"] == "ieee"
+        assert compat.numerics()["cuda_matmul_fp32_precision"] == "ieee"
+    assert compat.numerics() == before
+    with check.comparison_numerics("cpu"):
+        assert compat.numerics() == before
+    seen = []
+    monkeypatch.setattr(check, "comparison_numerics", lambda device: seen.append(str(device)) or contextlib.nullcontext())
+    model = torch.nn.Linear(3, 2)
+    check.compare_gradients(lambda: model, lambda: model, torch.randn(4, 3), torch.randn(4, 2))
+    assert seen == ["cpu"]

@@ -252,3 +252,16 @@ def test_paired_ratio_refuses_lists_it_cannot_pair():
         paired_ratio([], [])
     with pytest.raises(ValueError, match="not positive"):
         paired_ratio([1.0], [0.0])
+
+
+def test_interleaved_times_take_the_clock_given():
+    """``clock``: the seconds are its differences (here a clock that advances 2 per reading, so
+    every call takes 2 "seconds"), each callable called once per turn after the warm-up."""
+    from monet.profiling.check import interleaved_times_of
+
+    ticks = iter(range(0, 1000, 2))
+    calls = []
+    times = interleaved_times_of((lambda: calls.append("a"), lambda: calls.append("b")), repeats=3, warmup=1,
+                                 clock=lambda: next(ticks))
+    assert times == [[2, 2, 2], [2, 2, 2]]
+    assert calls == ["a", "b"] * 4

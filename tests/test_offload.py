@@ -207,8 +207,11 @@ def test_below_the_offload_budget_is_infeasible(setup):
 def test_cuda_offload_schedule():
     """The real CUDA path (side stream, pinned host memory, events): an offloading schedule's measured
     peak fits its budget, its gradients equal the keep-everything schedule's bitwise (same kernels;
-    the values round-trip unchanged) and plain PyTorch's within 1e-5.  Not run yet: no GPU in the
-    session that wrote it."""
+    the values round-trip unchanged) and plain PyTorch's within 1e-5.  On an H100 with torch 2.11
+    (2026-11-27) it measured 72,038,400 bytes against a 3,328,768-byte budget, 65.5 MiB over: most
+    likely cuBLAS's (and cuBLASLt's) workspaces, tens of MiB on sm90, allocated by the first matmul
+    and kept, which the memory model does not count yet (DESIGN.md, CUDA terms; not confirmed on a
+    GPU); the reference model no longer sits on the device while it measures."""
     from monet.profiling.bandwidth import measure_host_bandwidth
 
     model, x = _chain("cuda")
@@ -221,12 +224,18 @@ def test_cuda_offload_schedule():
     keep = solve(graph, costs, None, "none", info=info)
     assert sol.schedule.offload
     g = output_grad(model, x)
-    measured = measure_iteration_peak(MONeTWrapper(copy.deepcopy(model), sol, (64,)), x, g)
+    # CUDA's measured peak is every byte allocated on the device: the reference model waits on the
+    # host, so that the wrapped copy's parameters are the only ones counted (the budget counts them;
+    # the reference's 100 KB are 3 % of this 3.3 MB budget)
+    model = model.cpu()
+
+    def on_gpu():
+        return copy.deepcopy(model).cuda()
+
+    measured = measure_iteration_peak(MONeTWrapper(on_gpu(), sol, (64,)), x, g)
     assert measured <= least * 1.02  # the caching allocator rounds blocks up to 512 bytes
     _, grads_equal, _ = compare_gradients(
-        lambda: MONeTWrapper(copy.deepcopy(model), keep, (64,)),
-        lambda: MONeTWrapper(copy.deepcopy(model), sol, (64,)), x, g)
+        lambda: MONeTWrapper(on_gpu(), keep, (64,)), lambda: MONeTWrapper(on_gpu(), sol, (64,)), x, g)
     assert grads_equal
-    rel, _, _ = compare_gradients(lambda: copy.deepcopy(model), lambda: MONeTWrapper(copy.deepcopy(model), sol, (64,)),
-                                  x, g)
+    rel, _, _ = compare_gradients(on_gpu, lambda: MONeTWrapper(on_gpu(), sol, (64,)), x, g)
     assert rel <= 1e-5
