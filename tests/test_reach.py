@@ -156,6 +156,33 @@ def test_cache_output_is_turned_off_in_training_and_refused_when_asked_for():
         capture(model, {**inputs, "use_cache": True})
 
 
+def test_language_model_called_without_use_cache_trains_as_pytorch(tmp_path):
+    """`monet.optimize` and the wrapper's training calls on GPT-2 called as users call it (no
+    use_cache): the same loss and gradients, bitwise, as plain PyTorch with use_cache=False."""
+    import copy
+
+    import monet
+
+    reason = rm.missing("transformers")
+    if reason:
+        pytest.skip(reason)
+    model, inputs, _ = rm.build("transformers/gpt2")
+    inputs = {k: v for k, v in inputs.items() if k != "use_cache"}
+    plain = copy.deepcopy(model)
+    wrapped = monet.optimize(copy.deepcopy(model), inputs, budget="min", cost="analytic", time_limit=10,
+                             progress=False, cache_dir=tmp_path)
+    assert wrapped.solution.schedule.recompute_count() > 0
+    torch.manual_seed(1)
+    loss = wrapped(**inputs).loss
+    loss.backward()
+    torch.manual_seed(1)
+    ref = plain(**inputs, use_cache=False).loss
+    ref.backward()
+    assert torch.equal(loss, ref)
+    for (n, p), q in zip(plain.named_parameters(), wrapped.parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
 def test_graph_break_names_the_construct():
     """A construct Dynamo cannot put in one graph is refused with its place in the model."""
     from monet.capture import CaptureError, capture
