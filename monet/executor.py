@@ -271,6 +271,11 @@ def check_steps(graph: OpGraph, schedule: Schedule) -> None:
     emit_backward(graph, schedule)
 
 
+#: the options the wrapper builds its modules with (`build_modules`): what runs, and what a per-node
+#: trace (`monet.profiling.trace`) records and replays
+RUNTIME = {"buffers_in_place": True}
+
+
 def build_modules(graph: OpGraph, schedule: Schedule,
                   buffers_in_place: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules for AOTAutograd's runtime (``partition_fn``'s result).
@@ -385,15 +390,16 @@ def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
     does; returns how many ops it rewrote.
 
     AOTAutograd's graph is functional: ``_native_batch_norm_legit_functional`` copies the running
-    mean and variance, updates the copies and returns them, ``add(num_batches_tracked, 1)``
-    returns a new counter, and AOTAutograd's runtime copies each new value into its buffer after
-    the forward module (``orig.copy_(new)``): per BatchNorm two clones, an add and three copies
-    that eager PyTorch does not run (small tensors: on the CPU about 6 us per BatchNorm layer, 0.3
-    ms per ResNet-50 iteration; on a GPU five kernel launches).  Rewritten, the op is
-    ``_native_batch_norm_legit`` (updates ``running_mean`` and ``running_var`` in place) and
-    ``add_``, and the module returns the buffers themselves as their new values, which the
-    runtime's ``copy_`` then skips (ATen returns early when source and destination are the same
-    data).  Only where the buffer (a placeholder named in ``buffers``) has no other reader in the
+    mean and variance, updates the copies and returns them, and AOTAutograd's runtime copies each
+    new value into its buffer after the forward module (``orig.copy_(new)``): per BatchNorm two
+    clones and two copies that eager PyTorch does not run (small tensors: on the CPU about 5 us per
+    BatchNorm layer; on a GPU four kernel launches).  Rewritten, the op is
+    ``_native_batch_norm_legit`` (updates ``running_mean`` and ``running_var`` in place), and the
+    module returns the buffers themselves as their new values, which the runtime's ``copy_`` then
+    skips (ATen returns early when source and destination are the same data).
+    ``num_batches_tracked`` keeps its functional ``add``: ``add_`` with a Python number allocates
+    an 8-byte temporary for it that no graph node shows, which would make the per-node trace
+    (`monet.profiling.trace`) part from the simulator for one add per BatchNorm.  Only where the buffer (a placeholder named in ``buffers``) has no other reader in the
     module and the new value no other user than the output, so no op reads a buffer after it
     changed.  The values and the gradients are the functional graph's, bit for bit; the running
     statistics' copies are not allocated (a few KiB that the simulator, which reads the functional
@@ -430,10 +436,6 @@ def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
                     swap[u] = rm if i == 3 else rv
                     if u.meta.get(compat.NO_VERSION_CHECK):
                         swap[u].meta[compat.NO_VERSION_CHECK] = True
-            count += 1
-        elif (n.target is _aten.add.Tensor and sole_reader(n.args[0], n) and n.args[1] == 1
-              and set(n.users) <= {out}):
-            n.target = _aten.add_.Tensor  # returns its first argument: the buffer
             count += 1
     if swap:
         out.args = (tuple(swap.get(v, v) for v in out.args[0]),)

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from monet.executor import build_modules
+from monet.executor import build_modules, is_symbolic
 from monet.graph import OpGraph, TANGENT, is_alias, tensor_bytes, tensors_in
 from monet.inplace import aliases_first, is_inplace, storage_root
 from monet.solution import Schedule
@@ -196,7 +196,15 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
         val = n.meta.get("val")
         return not graph.loss_output or (isinstance(val, torch.Tensor) and val.dim() == 0)
 
-    held = {n.name for n in bw_inputs if n.name in primals or (n.name.startswith(TANGENT) and held_tangent(n))}
+    # a saved value the forward module returns as one of its own inputs (a buffer BatchNorm updated
+    # in place: `monet.executor.update_buffers_in_place`) is that input, owned by the caller
+    fw_out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+    fw_saved = [v for v in list(fw_out)[graph.num_fwd_outputs:]]
+    bw_saved = [n for n in bw_inputs if not n.name.startswith(TANGENT) and not is_symbolic(n)]
+    fw_saved = [f for f in fw_saved if not (isinstance(f, fx.Node) and is_symbolic(f))]
+    aliases_input = {b.name for b, f in zip(bw_saved, fw_saved) if isinstance(f, fx.Node) and f.op == "placeholder"}
+    held = {n.name for n in bw_inputs if n.name in primals or n.name in aliases_input
+            or (n.name.startswith(TANGENT) and held_tangent(n))}
     saved = {n.name: 0 if n.meta.get("monet_host") else terms.of(n.meta.get("val"))
              for n in bw_inputs if n.name not in held}  # offloaded values are on the host (`monet.offload`)
     saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from monet.executor import build_modules
+from monet.executor import RUNTIME, build_modules
 from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
                             primal_sources, trace, training_inputs, cache_owner)
 from monet.graph import build_opgraph
@@ -119,7 +119,7 @@ class ScheduledModule(nn.Module):
             if schedule.impl:
                 from monet.impls import apply_impls
                 graph = apply_impls(graph, schedule.impl)
-            fw, bw = build_modules(graph, schedule, buffers_in_place=True)
+            fw, bw = build_modules(graph, schedule, **RUNTIME)
             holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
             return fw, bw
 

@@ -40,6 +40,7 @@ model, about 100 kB for ResNet-50::
               "graph": {"fingerprint", "n_fwd", "n_bwd", "joint": {"nodes", "num_fwd_outputs", "primal_kinds",
                                                                     "autocast"}},
               "schedule": {"saved", "stages": [[backward, [recompute], [release]]], "impl", "inplace", "offload"},
+              "executor": {"buffers_in_place"},   # `monet.executor.RUNTIME` when recorded (absent: False)
               "solution": {"label", "mode", "budget_bytes", "predicted_peak_bytes"},
               "workspace": {"source", "fwd": [bytes per forward node], "bwd": [bytes per backward node],
                             "trace_fwd", "trace_bwd"},
@@ -485,6 +486,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
     from monet.profiling.check import _backward, _forward, output_grad
     from monet.profiling.memory import cpu_scoped_allocation_events, live_tensor_bytes
     from monet.solution import Schedule, Solution, check_compatible
+    from monet.executor import RUNTIME
     from monet.wrapper import ScheduledModule
 
     x = ExampleInputs.of(inputs)
@@ -583,6 +585,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
         "graph": {"fingerprint": graph.fingerprint, "n_fwd": len(graph.fwd), "n_bwd": len(graph.bwd),
                   "joint": graph_to_json(base["graph"])},
         "schedule": schedule_to_json(sched),
+        "executor": dict(RUNTIME),  # how the modules that ran were built
         "solution": {"label": label, "mode": sol.meta.mode if sol is not None else None,
                      "budget_bytes": int(sol.meta.budget_bytes) if sol is not None else None,
                      "predicted_peak_bytes": int(sol.meta.predicted_peak_bytes) if sol is not None else None},
@@ -794,7 +797,7 @@ def replay_trace(trace: Trace, graph=None):
         graph = graph_from_json(meta["graph"]["joint"], meta["graph"]["fingerprint"], meta["device"].get("capability"))
     schedule = schedule_from_json(meta["schedule"])
     g = apply_impls(graph, schedule.impl)
-    fw, bw = build_modules(g, schedule)
+    fw, bw = build_modules(g, schedule, **meta.get("executor", {"buffers_in_place": False}))
     ws = meta["workspace"]
     workspace = (np.asarray(ws["fwd"], dtype=np.int64), np.asarray(ws["bwd"], dtype=np.int64))
     with _recorded_env(meta["device"].get("env", {})):

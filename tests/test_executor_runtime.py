@@ -66,7 +66,7 @@ def test_batchnorm_statistics_are_updated_in_place(bn_case, which):
         assert ba.keys() == bb.keys() and all(torch.equal(ba[k], bb[k]) for k in bb)
     targets = _targets(wrapped.monet_compiled["fw"])
     assert FUNCTIONAL_BN not in targets and targets.count(IN_PLACE_BN) == 2
-    assert targets.count(torch.ops.aten.add_.Tensor) == 2  # num_batches_tracked
+    assert torch.ops.aten.add_.Tensor not in targets  # num_batches_tracked: functional (no hidden temporary)
     # the simulator's modules keep AOTAutograd's functional form (an upper bound of the memory)
     fw, _ = build_modules(graph, sched)
     assert _targets(fw).count(FUNCTIONAL_BN) == 2 and IN_PLACE_BN not in _targets(fw)
