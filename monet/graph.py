@@ -205,6 +205,12 @@ class OpGraph:
         """FX name -> forward node id, for every FX name folded into a forward node."""
         return {name: n.id for n in self.fwd for name in n.fx_names}
 
+    @property
+    def portable_fingerprint(self) -> str:
+        """`fingerprint` of the `portable_summary`: the same on every admitted torch release for
+        one model (what recorded tables and committed files that must hold across releases use)."""
+        return fingerprint(portable_summary(self.summary))
+
     def describe(self) -> str:
         amp = f", {mixed_precision.describe(self.autocast)}" if self.autocast else ""
         return (f"{len(self.fwd)} forward nodes, {len(self.bwd)} backward nodes, "
@@ -214,6 +220,24 @@ class OpGraph:
 def fingerprint(lines: list[str]) -> str:
     """SHA-256 of the graph summary: one line per op with its inputs, shapes and dtypes."""
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+# ops the releases monet admits write for the same step, and the name they are compared under:
+# torch 2.15's matmul decomposition reshapes its fresh mm result with _unsafe_view where 2.11-2.14
+# write view (same shapes; both aliases of their input in the memory model, `is_alias`)
+_SAME_ACROSS_RELEASES = {"aten._unsafe_view.default": "aten.view.default"}
+
+
+def portable_summary(lines: list[str]) -> list[str]:
+    """``lines`` (`OpGraph.summary`) with each op named as every admitted torch release would name
+    it (`_SAME_ACROSS_RELEASES`): two graphs captured from one model on two releases have equal
+    portable summaries where their schedules, costs and memory are interchangeable."""
+    out = []
+    for line in lines:
+        for theirs, ours in _SAME_ACROSS_RELEASES.items():
+            line = line.replace(f" {theirs} (", f" {ours} (", 1)
+        out.append(line)
+    return out
 
 
 def _summary_line(node: fx.Node, index: dict[str, int]) -> str:

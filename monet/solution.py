@@ -429,6 +429,8 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
     agree but the fingerprint differs, it gives the first differing joint-graph node (index and both
     summary lines) and the node counts.
     """
+    from monet.graph import portable_summary
+
     diffs = []
     if model and meta.model and model != meta.model:
         diffs.append(f"model differs (made for {meta.model}, called with {model})")
@@ -447,7 +449,8 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
                      f"this graph was traced with {mixed_precision.describe(theirs)})")
     if diffs:
         raise SolutionMismatchError("the solution was made for another graph: " + "; ".join(diffs))
-    if fingerprint == meta.fingerprint:
+    if fingerprint == meta.fingerprint or portable_summary(meta.graph_summary) == portable_summary(summary):
+        # (equal portable summaries: the same graph captured on another admitted torch release)
         if nodes is not None and tuple(nodes) != (meta.n_fwd, meta.n_bwd):
             raise SolutionMismatchError(
                 f"the solution's schedule is for {meta.n_fwd} forward and {meta.n_bwd} backward nodes, this "
@@ -455,7 +458,7 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
                 f"{meta.monet_version}, which grouped its ops differently): re-solve it")
         return
 
-    ours, theirs = list(meta.graph_summary), list(summary)
+    ours, theirs = portable_summary(meta.graph_summary), portable_summary(summary)
     counts = (f"the solution's joint graph has {len(ours)} nodes ({meta.n_fwd} forward, "
               f"{meta.n_bwd} backward nodes), this model's has {len(theirs)}")
     # The first differing line.  Summary lines name their arguments by node index, so after an inserted

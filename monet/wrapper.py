@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 from monet.executor import RUNTIME, build_modules
 from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
                             primal_sources, trace, training_inputs, cache_owner)
-from monet.graph import build_opgraph
+from monet.graph import build_opgraph, portable_summary
 from monet import compat, mixed_precision
 from monet.inputs import _SCALARS, ExampleInputs
 from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
@@ -151,6 +151,7 @@ _NUMBER = re.compile(r"(?<![%\w.])\d+")
 def same_structure(ours: list[str], theirs: list[str]) -> bool:
     """True when two graph summaries differ at most in their sizes: the same ops in the same order
     reading the same nodes (`OpGraph.summary` lines with every number but node references blanked)."""
+    ours, theirs = portable_summary(ours), portable_summary(theirs)
     return len(ours) == len(theirs) and all(_NUMBER.sub("N", a) == _NUMBER.sub("N", b)
                                             for a, b in zip(ours, theirs))
 

@@ -37,7 +37,8 @@ def recorded_costs(name: str, model, example_input, graph) -> pd.DataFrame:
     Args:
         name: the table's name in tests/data (a graph may have several: a model and its variants).
         model, example_input: what ``graph`` was captured from (measured only when recording).
-        graph: the `OpGraph`; its fingerprint picks the file.
+        graph: the `OpGraph`; its `portable_fingerprint` picks the file (the same on every admitted
+            torch release).
 
     With the environment variable ``MONET_RECORD_COSTS`` set, measures the table on this machine
     and writes it first.
@@ -48,13 +49,14 @@ def recorded_costs(name: str, model, example_input, graph) -> pd.DataFrame:
         ValueError: the table does not describe the graph (`costs_for`).
     """
     applied = "".join(f"-{k}={v}" for k, v in sorted(graph.impls.items()))
-    path = DATA / f"{name}-{graph.fingerprint[:16]}{applied.replace(':', '')}.csv"
+    path = DATA / f"{name}-{graph.portable_fingerprint[:16]}{applied.replace(':', '')}.csv"
     if os.environ.get("MONET_RECORD_COSTS"):
         save_costs(profile_costs(model, example_input, graph, "cpu", repeats=1, warmup=0, progress=False), path)
     if not path.is_file():
         have = sorted(p.name for p in DATA.glob(f"{name}-*.csv"))
         raise FileNotFoundError(
-            f"no recorded cost table {path.name} for {name!r} (graph fingerprint {graph.fingerprint[:16]}); "
+            f"no recorded cost table {path.name} for {name!r} (portable graph fingerprint "
+            f"{graph.portable_fingerprint[:16]}); "
             f"tests/data has {have or 'none'}: the graph changed, or the table was never recorded. Record it "
             f"with: rm -f tests/data/{name}-*.csv && MONET_RECORD_COSTS=1 pytest tests/<the test file>")
     table = load_costs(path)

@@ -140,7 +140,9 @@ def test_readme_lists_the_tested_releases():
     section = lines[lines.index("## Tested PyTorch releases") + 1:]
     section = section[:next((i for i, line in enumerate(section) if line.startswith("## ")), len(section))]
     for version in TESTED_RELEASES:
-        assert any(line.startswith(f"- torch {version}:") for line in section), f"no line for torch {version}"
+        line = next((line for line in section if line.startswith(f"- torch {version}:")), None)
+        assert line is not None, f"no line for torch {version}"
+        assert " passed" in line and "<" not in line, f"torch {version}'s line holds no pytest summary: {line}"
 
 
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: str(p.relative_to(ROOT)))

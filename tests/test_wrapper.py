@@ -201,3 +201,33 @@ def test_zoo_prefix_explains(solved):
     model, *_ = solved
     with pytest.raises(SolutionFileError, match="no zoo entry named 'resnet50-6GB'"):
         MONeTWrapper(copy.deepcopy(model), "zoo:resnet50-6GB", SHAPE)
+
+
+def test_solution_from_another_torch_release_is_accepted_and_other_graphs_are_not(solved):
+    """torch 2.15 writes aten._unsafe_view where 2.11-2.14 write aten.view (matmul's reshape of its mm
+    result; both aliases in the memory model): a solution made on one release is accepted for the same
+    model captured on the other, while any other difference is still refused with the node it is at."""
+    import dataclasses
+
+    from monet.graph import fingerprint
+    from monet.solution import check_compatible
+
+    model, x, graph, costs, sol = solved
+    at = [i for i, line in enumerate(graph.summary) if " aten.view.default (" in line]
+    assert at, "UserNet's graph has no view to rename"
+
+    def made_with(summary):
+        return dataclasses.replace(sol.meta, graph_summary=summary, fingerprint=fingerprint(summary))
+
+    def check(meta):
+        check_compatible(meta, graph.fingerprint, graph.summary, batch_size=BATCH, input_shape=SHAPE,
+                         dtype="float32", nodes=(len(graph.fwd), len(graph.bwd)))
+
+    other_release = [line.replace(" aten.view.default (", " aten._unsafe_view.default (") for line in graph.summary]
+    assert fingerprint(other_release) != graph.fingerprint
+    check(made_with(other_release))  # accepted
+
+    other_graph = list(graph.summary)
+    other_graph[at[0]] = other_graph[at[0]].replace(" aten.view.default (", " aten.reshape.default (")
+    with pytest.raises(SolutionMismatchError, match=f"first difference at node {at[0]}"):
+        check(made_with(other_graph))
