@@ -429,7 +429,7 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
     agree but the fingerprint differs, it gives the first differing joint-graph node (index and both
     summary lines) and the node counts.
     """
-    from monet.graph import portable_summary
+    from monet.graph import fingerprint as fingerprint_of, portable_summary
 
     diffs = []
     if model and meta.model and model != meta.model:
@@ -449,8 +449,11 @@ def check_compatible(meta: SolutionMeta, fingerprint: str, summary: list[str], *
                      f"this graph was traced with {mixed_precision.describe(theirs)})")
     if diffs:
         raise SolutionMismatchError("the solution was made for another graph: " + "; ".join(diffs))
-    if fingerprint == meta.fingerprint or portable_summary(meta.graph_summary) == portable_summary(summary):
-        # (equal portable summaries: the same graph captured on another admitted torch release)
+    # the same graph captured on another admitted torch release: equal portable summaries, and the
+    # solution's fingerprint is its own summary's (a file whose fingerprint is not is refused below)
+    other_release = (meta.fingerprint == fingerprint_of(list(meta.graph_summary))
+                     and portable_summary(meta.graph_summary) == portable_summary(summary))
+    if fingerprint == meta.fingerprint or other_release:
         if nodes is not None and tuple(nodes) != (meta.n_fwd, meta.n_bwd):
             raise SolutionMismatchError(
                 f"the solution's schedule is for {meta.n_fwd} forward and {meta.n_bwd} backward nodes, this "
