@@ -15,7 +15,7 @@ import monet
 from monet import terms
 from monet.plan import forget_plans, prepare
 from monet.solver.ilp import InfeasibleBudgetError
-from usernet import UserNet
+from usernet import UserNet, labelled_batch
 
 SHAPE = (3, 16, 16)
 BATCH = 8
@@ -23,8 +23,7 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def batch():
-    torch.manual_seed(0)
-    return torch.randn(BATCH, *SHAPE), torch.randint(0, 5, (BATCH,))
+    return labelled_batch(BATCH, SHAPE)
 
 
 @pytest.fixture

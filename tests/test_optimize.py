@@ -18,7 +18,7 @@ from monet.plan import WithLoss, optimizer_state_bytes, prepare
 from monet.profiling import check as chk
 from monet.profiling.memory import live_tensor_bytes, measure_peak
 from monet.wrapper import MONeTWrapper
-from usernet import UserNet
+from usernet import UserNet, labelled_batch
 
 SHAPE = (3, 16, 16)
 BATCH = 8
@@ -26,8 +26,7 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def batch():
-    torch.manual_seed(0)
-    return torch.randn(BATCH, *SHAPE), torch.randint(0, 5, (BATCH,))
+    return labelled_batch(BATCH, SHAPE)
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,13 @@ class UserNet(nn.Module):
         return self.head(self.drop(z.mean(dim=(2, 3))))
 
 
+def labelled_batch(batch: int = 8, shape: tuple = (3, 16, 16)):
+    """(images (batch, *shape) float32, classes (batch,) int64 in 0..4), seeded with 0: the example
+    inputs and targets of the one-call tests."""
+    torch.manual_seed(0)
+    return torch.randn(batch, *shape), torch.randint(0, 5, (batch,))
+
+
 def solved_usernet(x: torch.Tensor, fraction: float = 0.7, time_limit: float = 20):
     """(UserNet seeded with 0, its graph at ``x`` (B, 3, H, W), analytic costs, a normal-mode
     solution at ``fraction`` of plain PyTorch's simulated peak): the schedule tests share."""
