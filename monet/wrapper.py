@@ -83,9 +83,7 @@ class ScheduledModule(nn.Module):
         self.monet_compiled: dict = {}
 
     def forward(self, *args, **kwargs):
-        if "_cache_owner" not in self.__dict__:  # signatures read once (`monet.frontend.cache_owner`)
-            self.__dict__["_cache_owner"] = cache_owner(self.model)
-        inputs = training_inputs(self.model, ExampleInputs(args, kwargs), self.__dict__["_cache_owner"])
+        inputs = _call_inputs(self, args, kwargs)
         autocast = self._autocast if self._autocast is not None else mixed_precision.current(
             inputs.first.device.type)
         return self.run(call_key(inputs, autocast), inputs, autocast)
@@ -146,6 +144,15 @@ def scheduled_module(model: nn.Module, make_schedule, check=None, autocast=None)
 
 
 _NUMBER = re.compile(r"(?<![%\w.])\d+")
+
+
+def _call_inputs(module: nn.Module, args, kwargs) -> ExampleInputs:
+    """The inputs of a call of ``module.model`` (`monet.frontend.training_inputs`: ``use_cache=False``
+    added in training where the forward takes it); the forward signatures are read once per
+    ``module`` (`monet.frontend.cache_owner`) and kept outside its submodules and state."""
+    if "_cache_owner" not in module.__dict__:
+        module.__dict__["_cache_owner"] = cache_owner(module.model)
+    return training_inputs(module.model, ExampleInputs(args, kwargs), module.__dict__["_cache_owner"])
 
 
 def same_structure(ours: list[str], theirs: list[str]) -> bool:
@@ -297,9 +304,7 @@ class MONeTWrapper(nn.Module):
     # setting is a new key and is checked.
     @torch.compiler.disable(reason="MONeTWrapper runs its own scheduled forward/backward graphs")
     def _scheduled(self, *args, **kwargs):
-        if "_cache_owner" not in self.__dict__:  # signatures read once (`monet.frontend.cache_owner`)
-            self.__dict__["_cache_owner"] = cache_owner(self.model)
-        inputs = training_inputs(self.model, ExampleInputs(args, kwargs), self.__dict__["_cache_owner"])
+        inputs = _call_inputs(self, args, kwargs)
         autocast = mixed_precision.current(inputs.first.device.type)
         key = call_key(inputs, autocast)
         checked = self.__dict__["_checked"]
