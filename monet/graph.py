@@ -240,6 +240,45 @@ def portable_summary(lines: list[str]) -> list[str]:
     return out
 
 
+def _tensor_sig(t) -> str:
+    return f"{tuple(t.shape)}/{tuple(t.stride())}:{str(t.dtype).removeprefix('torch.')}"
+
+
+def op_signature(node: fx.Node) -> str:
+    """What an FX op node's cost depends on, as a string: its operator, each argument's shape,
+    strides and dtype (a tensor: read from its traced ``meta["val"]``) or value (anything else),
+    and its outputs' shapes.  Two nodes with equal signatures run the same kernel on inputs of the
+    same layout: the twelve layers of a 12-layer transformer give twelve nodes per signature, and
+    a cost measured for one holds for the others (`monet.profiling.profiler`), and the chains of
+    identical blocks of `monet.solver.blocks` are runs of equal signatures."""
+    def arg(a):
+        if isinstance(a, fx.Node):
+            ts = tensors_in(a.meta.get("val"))
+            return "[" + ",".join(_tensor_sig(t) for t in ts) + "]" if ts else repr(a.meta.get("val"))
+        if isinstance(a, (list, tuple)):
+            return "(" + ",".join(arg(x) for x in a) + ")"
+        if isinstance(a, torch.device):
+            return "device"
+        return repr(a)
+
+    outs = ",".join(_tensor_sig(t) for t in tensors_in(node.meta.get("val")))
+    kwargs = ",".join(f"{k}={arg(v)}" for k, v in sorted(node.kwargs.items()))
+    name = op_name(node) if node.op == "call_function" else str(node.target)
+    return f"{name}({','.join(arg(a) for a in node.args)};{kwargs})->{outs}"
+
+
+def node_signatures(graph: "OpGraph") -> dict[tuple[str, int], str]:
+    """`op_signature` of every forward and backward node's op, by ``(kind, id)``; needs
+    ``graph.joint``.
+
+    Raises:
+        ValueError: the graph has no joint graph (a graph loaded from a solution file)."""
+    if graph.joint is None:
+        raise ValueError("the graph has no joint FX graph (it was loaded, not captured): capture the model again")
+    by_name = {n.name: n for n in graph.joint.graph.nodes}
+    return {(n.kind, n.id): op_signature(by_name[n.name]) for n in list(graph.fwd) + list(graph.bwd)}
+
+
 def _summary_line(node: fx.Node, index: dict[str, int]) -> str:
     def arg(a):
         if isinstance(a, fx.Node):

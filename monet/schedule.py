@@ -11,7 +11,7 @@ import numpy as np
 
 from monet.graph import OpGraph
 from monet.solution import Schedule, Stage
-from monet.steps import KEEP, RECOMPUTE
+from monet.steps import BACKWARD, FORWARD, FREE, KEEP, RECOMPUTE
 
 
 def needed_by_stage(graph: OpGraph) -> list[set[int]]:
@@ -19,15 +19,17 @@ def needed_by_stage(graph: OpGraph) -> list[set[int]]:
     return [set(n.fwd_inputs) for n in graph.bwd]
 
 
-def ancestors(graph: OpGraph) -> list[set[int]]:
-    """For each forward node, all forward nodes it depends on (transitively)."""
-    anc: list[set[int]] = []
+def ancestors(graph: OpGraph) -> np.ndarray:
+    """(N, N) bool: ``anc[i, j]`` when forward node i depends on forward node j (transitively).
+    A bit matrix rather than sets: a 96-layer GPT-2 has 3,000 forward nodes, most of them
+    ancestors of most others (9 MB here, about 300 MB of Python sets)."""
+    N = len(graph.fwd)
+    anc = np.zeros((N, N), dtype=bool)
     for n in graph.fwd:
-        s: set[int] = set()
-        for j in n.fwd_inputs:
-            s.add(j)
-            s |= anc[j]
-        anc.append(s)
+        inputs = list(n.fwd_inputs)
+        if inputs:
+            anc[n.id] = anc[inputs].any(axis=0)
+            anc[n.id, inputs] = True
     return anc
 
 
@@ -50,29 +52,38 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray, offload
     if S.shape != (T, N) or R.shape != (T, N):
         raise ValueError(f"S and R must have shape (T, N) = {(T, N)}; got {S.shape} and {R.shape}")
     useful = np.array([n.saved_bytes > 0 for n in graph.fwd], dtype=bool)
-    saved = tuple(int(i) for i in np.flatnonzero(S[0] & useful))
-    kept = set(saved)
+    saved = tuple(np.flatnonzero(S[0] & useful).tolist())
+    kept = S[0] & useful
+    none = np.zeros(N, dtype=bool)
     stages = []
     for t in range(T):
-        rec = tuple(int(i) for i in np.flatnonzero(R[t]))
-        kept |= set(rec)
-        nxt = set(int(i) for i in np.flatnonzero(S[t + 1] & useful)) if t + 1 < T else set()
-        release = tuple(sorted(kept - nxt))
-        kept &= nxt
-        stages.append(Stage(backward=t, recompute=rec, release=release))
+        kept = kept | R[t]
+        nxt = S[t + 1] & useful if t + 1 < T else none
+        stages.append(Stage(backward=t, recompute=tuple(np.flatnonzero(R[t]).tolist()),
+                            release=tuple(np.flatnonzero(kept & ~nxt).tolist())))
+        kept = kept & nxt
     return Schedule(saved=saved, stages=stages, offload=tuple(offload))
 
 
 def matrices_from_schedule(graph: OpGraph, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
     """The (T, N) bool S and R matrices a `Schedule` corresponds to (inverse of the above), read from
-    its steps (`monet.steps`): S[t + 1, i] from the keep steps of stage t (S[0] from the forward
-    pass's), R[t, i] from the recompute steps of stage t."""
+    its steps (`monet.steps`): S[0] from the forward pass's keep steps, S[t + 1] = S[t] less the
+    free steps of stage t plus its keep steps, R[t, i] from the recompute steps of stage t."""
     T, N = len(graph.bwd), len(graph.fwd)
     S = np.zeros((T, N), dtype=bool)
     R = np.zeros((T, N), dtype=bool)
+    kept = np.zeros(N, dtype=bool)
     for step in schedule.steps():
-        if step.kind == KEEP and step.stage + 1 < T:
-            S[step.stage + 1, step.node] = True
+        if step.kind == KEEP:
+            kept[step.node] = True
+            if step.stage == FORWARD:
+                S[0, step.node] = True
+        elif step.kind == FREE:
+            kept[step.node] = False
         elif step.kind == RECOMPUTE:
             R[step.stage, step.node] = True
+        elif step.kind == BACKWARD and step.stage + 1 < T:
+            S[step.stage + 1] = kept  # provisional: this stage's frees and keeps follow
+        if step.kind in (KEEP, FREE) and step.stage != FORWARD and step.stage + 1 < T:
+            S[step.stage + 1, step.node] = kept[step.node]
     return S, R

@@ -8,6 +8,9 @@ value passed on to the rest of the graph, then re-run for its measurements:
 * **time** (seconds): ``warmup`` discarded runs, then the median of ``repeats`` timed runs.  CPU:
   ``time.perf_counter`` around each run; CUDA: a pair of ``torch.cuda.Event`` per run, read after
   one ``synchronize``.
+* **once per signature**: a node whose op signature (`monet.graph.op_signature`: operator,
+  arguments' shapes, strides, dtypes and values) was measured already takes that node's time and
+  workspace, so the identical layers of a deep network cost one layer's measurements.
 * **workspace** (bytes): one more run under `monet.profiling.memory.measure_peak`: the peak bytes
   allocated during the call minus what was allocated before it (the op's inputs and everything
   else live) minus the bytes of the op's new output storages, clamped at 0.  On CUDA the caching
@@ -39,7 +42,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from monet.graph import Node, OpGraph, PRIMAL, TANGENT
+from monet.graph import Node, OpGraph, PRIMAL, TANGENT, op_signature
 from monet.profiling.costs import (DEFAULT_IMPL, costs_for, make_table, node_bytes_moved, node_flops,
                                    validate_costs)
 from monet.profiling.memory import measure_peak
@@ -247,13 +250,18 @@ class _Timer:
 
 class ProfilingInterpreter(fx.Interpreter):
     """Runs the joint graph and measures each node that is a forward or backward `Node`'s op: its
-    workspace, and (unless ``in_context``) its median time over ``repeats`` calls in a loop."""
+    workspace, and (unless ``in_context``) its median time over ``repeats`` calls in a loop.  A
+    node whose `monet.graph.op_signature` (operator, argument shapes, strides, dtypes and values)
+    was measured already in this run takes those numbers (``reused`` counts them): the twelve
+    layers of a 12-layer transformer are measured once."""
 
     def __init__(self, graph: OpGraph, device: torch.device, repeats: int, warmup: int, pbar, source: str,
                  only=None, in_context: bool = False):
         super().__init__(graph.joint, garbage_collect_values=True)
         self.main: dict[str, Node] = {n.name: n for n in list(graph.fwd) + list(graph.bwd)
                                       if only is None or (n.kind, n.id) in only}
+        self.measured: dict[str, tuple[int, float]] = {}  # op signature -> (workspace, seconds)
+        self.reused = 0
         self.device = device
         self.timer = _Timer(device)
         self.repeats = repeats
@@ -279,13 +287,19 @@ class ProfilingInterpreter(fx.Interpreter):
             # The one run whose value flows on (a random op's sample is drawn here, once).
             result = call()
             self.timer.sync()
-            out_bytes = _new_storage_bytes(result, args, kwargs, self.timer.cuda)
-            for _ in range(self.warmup):
-                call()
-            self.timer.sync()
-            peak = measure_peak(call, self.device)
-            workspace = max(0, int(peak.delta_bytes) - out_bytes)
-            seconds = float("nan") if self.in_context else self.timer.median(call, self.repeats)
+            key = op_signature(n)
+            if key in self.measured:  # the same kernel on the same shapes: measured once (a layer's twin)
+                workspace, seconds = self.measured[key]
+                self.reused += 1
+            else:
+                out_bytes = _new_storage_bytes(result, args, kwargs, self.timer.cuda)
+                for _ in range(self.warmup):
+                    call()
+                self.timer.sync()
+                peak = measure_peak(call, self.device)
+                workspace = max(0, int(peak.delta_bytes) - out_bytes)
+                seconds = float("nan") if self.in_context else self.timer.median(call, self.repeats)
+                self.measured[key] = (workspace, seconds)
         self.rows[(node.kind, node.id)] = dict(
             kind=node.kind, node=node.id, op=node.op, impl=DEFAULT_IMPL, time_s=seconds,
             recompute_s=seconds, workspace_bytes=workspace, flops=0, bytes_moved=0, source=self.source)

@@ -24,7 +24,7 @@ from monet.solution import Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import InfeasibleBudgetError, allowed
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import repair
+from monet.solver.repair import checkpointed
 from monet.solver.simulated import finish_solution, memory_model
 
 
@@ -46,15 +46,7 @@ def chen_matrices(graph: OpGraph, mem: MemoryModel) -> tuple[np.ndarray, np.ndar
     checkpoints' groups kept throughout, every other value recomputed (with what it needs) in the
     first stage that reads it and kept from then on (`solver.repair.repair` places the
     recomputations and drops what no later stage reads)."""
-    T = len(graph.bwd)
-    allow_s = allowed(graph, mem)[2]
-    keep = np.broadcast_to(np.isin(mem.group_node, chen_checkpoints(mem)), allow_s.shape).copy()
-    _, R = repair(graph, mem, keep, allow_s)
-    # recompute each segment once: keep what a stage recomputes for the stages after it
-    recomputed = R[:, mem.group_node]  # (T, G): the group's node is recomputed in stage t
-    first = np.where(recomputed.any(axis=0), recomputed.argmax(axis=0), T)
-    keep |= np.arange(T)[:, None] > first[None, :]
-    return repair(graph, mem, keep, allow_s)
+    return checkpointed(graph, mem, np.isin(mem.group_node, chen_checkpoints(mem)), allowed(graph, mem)[2])
 
 
 def solve_chen(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,

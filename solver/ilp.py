@@ -59,6 +59,7 @@ from monet.solver.cbc import solve_cbc
 from monet.solver.memory_model import KEEP, KEEP_NEXT, LIVE, RECOMPUTE, MemoryModel
 from monet.solver.repair import (drop_greedily, improve, repaired_candidates, round_and_repair,
                                  smallest_candidate)
+from monet.solver.structured import structured_candidates
 from monet.solver.windows import drop_windows
 from monet.terms import arg
 
@@ -67,6 +68,10 @@ SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # cores (ResNet-50 at batch 184: 91,000), so the time goes to the local search instead; HiGHS's
 # presolve alone outlasted the test suite's 4 s limits there, so the rule holds for every solver
 LARGE = 20000
+# Above this many variables not even the LP relaxation answers within a minute on 2 cores (a
+# 12-layer GPT-2, 287,000: no answer in 14 s; a 48-layer one held 7 GB building it), so no cvxpy
+# problem is built at all: the search (`search`) alone gives the schedule, with no bound
+HUGE = 250_000
 
 
 class InfeasibleBudgetError(ValueError):
@@ -126,11 +131,10 @@ def allowed(graph: OpGraph, mem: MemoryModel, mode: str = "normal", prune: bool 
     rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
     reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g (under some option)
     reads[rt, rg] = True
-    need = np.zeros((T, N), dtype=bool)  # stage t may need node i (read, or an ancestor of a read)
-    for t in range(T):
-        for i in set(gnode[reads[t]].tolist()):
-            need[t, i] = True
-            need[t, list(anc[i])] = True
+    # stage t may need node i (read, or an ancestor of a read)
+    read_nodes = np.zeros((T, N), dtype=bool)
+    read_nodes[rt, gnode[rg]] = True
+    need = read_nodes | (read_nodes.astype(np.float32) @ anc.astype(np.float32) > 0)
     useful = np.zeros(N, dtype=bool)
     useful[gnode] = True
     need &= useful[None, :]
@@ -637,20 +641,25 @@ def _offload_s(mem: MemoryModel, S, R, O=None) -> float:
     return mem.offload.cost(mem.offload.effective(S, R) if O is None else O)
 
 
-def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
-           deadline: float | None = None, iterate: bool = False):
-    """A MIP start: the cheapest repaired schedule (`solver.repair.candidate_keeps`: roundings of
-    the LP relaxation's ``frac_s`` and checkpoint sets; with a budget also `solver.repair.drop_greedily`
-    and `solver.windows.drop_windows`; PyTorch's implementations) whose ILP memory fits
-    ``budget`` bytes (None: the one with the smallest peak).  Until ``deadline`` (a
-    `time.perf_counter` value) the fitting candidates are improved by `solver.repair.improve`:
-    a descent from each, then (``iterate``) an iterated local search from the best.
+def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, budget: float | None,
+           frac_s=None, deadline: float | None = None, iterate: bool = False):
+    """The cheapest schedule the search finds without a MIP solver: repaired candidates
+    (`solver.repair.candidate_keeps`: roundings of the LP relaxation's ``frac_s`` and checkpoint
+    sets), the block-level candidates of chains of identical blocks (`solver.structured`), and with
+    a budget also `solver.repair.drop_greedily` and `solver.windows.drop_windows`, with PyTorch's
+    implementations, whose ILP memory fits ``budget`` bytes (None: the one with the smallest peak).
+    Until ``deadline`` (a `time.perf_counter` value) the fitting candidates are improved by
+    `solver.repair.improve`: a descent from each, then (``iterate``) an iterated local search from
+    the best.
 
-    Returns ({variable: values}, recompute seconds, ILP peak bytes, S (T, G), R (T, N)) or None.
-    A start gives CBC an incumbent before its first LP, so a solve stopped early still has a
-    schedule and a gap.
+    Returns (S (T, G), R (T, N), recompute seconds, ILP peak bytes) or None.
     """
-    cands = repaired_candidates(graph, mem, frac_s, P.allow_s, recompute_s)
+    # schedules of whole blocks on chains of identical blocks (`solver.structured`): per-block
+    # checkpointing and its neighbours; then the repaired candidates in at most a fifth of the time
+    # (on a 96-layer GPT-2 they took 35 s and fit worse)
+    cands = [(c.S, c.R, c.peak, c.cost) for c in structured_candidates(graph, mem, recompute_s, allow_s, budget)]
+    share = None if deadline is None or not cands else time.perf_counter() + 0.2 * (deadline - time.perf_counter())
+    cands += repaired_candidates(graph, mem, frac_s, allow_s, recompute_s, share)
     if budget is not None:
         cands = [c for c in cands if c[2] <= budget]
         # and two that drop values only where memory is short: the greedy
@@ -658,7 +667,7 @@ def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: fl
         # most a fifth of the time
         for make in (drop_greedily, drop_windows):
             share = None if deadline is None else time.perf_counter() + 0.2 * (deadline - time.perf_counter())
-            found = make(graph, mem, P.allow_s, budget, recompute_s, share)
+            found = make(graph, mem, allow_s, budget, recompute_s, share)
             if found is not None:
                 cands.append((found[0], found[1], mem.peak(found[0], found[1]), found[2]))
         cands.sort(key=lambda c: c[3])
@@ -666,24 +675,38 @@ def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: fl
         return None
     if budget is None:
         S, R, peak, cost = min(cands, key=lambda c: c[2])
-    else:
-        S, R, peak, cost = cands[0]
-        # a descent from each candidate (cheapest first) in 40 % of the time, then an iterated
-        # local search from the best (`solver.repair.improve`)
-        first_phase = None if deadline is None else time.perf_counter() + (0.4 if iterate else 1.0) * (
-            deadline - time.perf_counter())
-        for k, (S2, R2, _, _) in enumerate(cands):
-            now = time.perf_counter()
-            if deadline is None or now >= first_phase:
-                break
-            S2, R2, c2 = improve(graph, mem, S2, R2, budget, recompute_s, P.allow_s,
-                                 now + (first_phase - now) / (len(cands) - k))
-            if c2 < cost:
-                S, R, cost = S2, R2, c2
-        if iterate and deadline is not None and time.perf_counter() < deadline:
-            S, R, cost = improve(graph, mem, S, R, budget, recompute_s, P.allow_s, deadline,
-                                 rng=np.random.default_rng(0))
-        peak = mem.peak(S, R)
+        return S, R, cost, peak
+    S, R, peak, cost = cands[0]
+    # a descent from each candidate (cheapest first) in 40 % of the time, then an iterated
+    # local search from the best (`solver.repair.improve`)
+    first_phase = None if deadline is None else time.perf_counter() + (0.4 if iterate else 1.0) * (
+        deadline - time.perf_counter())
+    for k, (S2, R2, _, _) in enumerate(cands):
+        now = time.perf_counter()
+        if deadline is None or now >= first_phase:
+            break
+        S2, R2, c2 = improve(graph, mem, S2, R2, budget, recompute_s, allow_s,
+                             now + (first_phase - now) / (len(cands) - k))
+        if c2 < cost:
+            S, R, cost = S2, R2, c2
+    if iterate and deadline is not None and time.perf_counter() < deadline:
+        S, R, cost = improve(graph, mem, S, R, budget, recompute_s, allow_s, deadline,
+                             rng=np.random.default_rng(0))
+    return S, R, cost, mem.peak(S, R)
+
+
+def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: float | None, frac_s=None,
+           deadline: float | None = None, iterate: bool = False):
+    """A MIP start: the schedule of `search` as values of ``P``'s variables.
+
+    Returns ({variable: values}, recompute seconds, ILP peak bytes, S (T, G), R (T, N)) or None.
+    A start gives CBC an incumbent before its first LP, so a solve stopped early still has a
+    schedule and a gap.
+    """
+    found = search(graph, mem, P.allow_s, recompute_s, budget, frac_s, deadline, iterate)
+    if found is None:
+        return None
+    S, R, cost, peak = found
     start = {}
     if P.s is not None:
         start[P.s] = S.ravel()[P.s_idx]
@@ -694,6 +717,41 @@ def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: fl
     if P.o is not None:  # the allowed groups the schedule keeps through their windows (its peak's)
         start[P.o] = mem.offload.effective(S, R)[P.o_idx].astype(float)
     return start, cost, peak, S, R
+
+
+def huge_allow_s(graph: OpGraph, mem: MemoryModel, mode: str) -> np.ndarray | None:
+    """``allow_s`` of `allowed` when the ILP would have more than `HUGE` variables in recompute-or-
+    store mode (no implementation options, no offload), else None: the cue for the search alone."""
+    if mode != "normal" or mem.n_options or mem.offload is not None:
+        return None
+    _, allow_r, allow_s = allowed(graph, mem, mode)
+    return allow_s if int(allow_r.sum()) + int(allow_s.sum()) > HUGE else None
+
+
+def _search_only(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, budget: int, mode: str,
+                 solver: str, time_limit: float, constant_s: float, peak_of, progress, smallest: bool,
+                 t0: float) -> ILPResult:
+    """`solve_ilp` above `HUGE` variables: `search`'s schedule in the whole limit (iterated), status
+    ``heuristic``, no bound.  Raises `InfeasibleBudgetError` as `solve_ilp` does."""
+    n_vars = int(allowed(graph, mem, mode)[1].sum() + allow_s.sum())
+    found = search(graph, mem, allow_s, recompute_s, float(budget), None, t0 + time_limit - 1.0, iterate=True)
+    if found is not None and peak_of is not None and peak_of(found[0], found[1]) > budget:
+        found = None  # cannot happen: the ILP's memory bounds the simulator's
+    if found is None:
+        if not smallest:
+            raise InfeasibleBudgetError(int(budget), None, mode)
+        least, _, S, R, _, _ = solve_min_budget(graph, mem, mode, solver, max(1.0, t0 + time_limit - time.perf_counter()),
+                                                peak_of=peak_of)
+        if least > budget:
+            raise InfeasibleBudgetError(int(budget), least, mode, exact=False)
+        found = (S, R, float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)), least)
+    S, R, cost, _ = found
+    if progress is not None:
+        progress(f"  {n_vars} variables: no LP or MIP solver at this size, the search's schedule stands "
+                 f"({cost + constant_s:.6g} s)")
+    return ILPResult(S=mem.group_to_node(S), R=R, objective_s=cost + constant_s, bound_s=None, gap=None,
+                     status="heuristic", solve_time_s=time.perf_counter() - t0, build_time_s=0.0, n_variables=n_vars,
+                     n_constraints=0, solver="search", history=[])
 
 
 def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", solver: str = "CBC",
@@ -712,6 +770,14 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     t0 = time.perf_counter()
     in_model = peak_of is None  # peaks in the ILP's own memory: its optimum is proven
     peak_of = peak_of or mem.peak
+    allow_s = huge_allow_s(graph, mem, mode)
+    if allow_s is not None:  # no cvxpy problem at this size: the smallest of the search's candidates
+        peak, S, R = smallest_candidate(graph, mem, None, allow_s, peak_of, deadline=t0 + time_limit)
+        found = search(graph, mem, allow_s, np.zeros(len(graph.fwd)), None)
+        if found is not None and peak_of(found[0], found[1]) < peak:
+            S, R = found[0], found[1]
+            peak = peak_of(S, R)
+        return int(np.ceil(peak)), False, S, R, None, None
     lower, frac_lp = min_budget_relaxation(graph, mem, mode, 0.3 * time_limit)
     P = Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
@@ -779,6 +845,10 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         RuntimeError: the solver found no schedule within the time limit.
     """
     t0 = time.perf_counter()
+    allow_s = huge_allow_s(graph, mem, mode)
+    if allow_s is not None:
+        return _search_only(graph, mem, allow_s, recompute_s, budget, mode, solver, time_limit, constant_s,
+                            peak_of, progress, smallest, t0)
     P = Problem(graph, mem, recompute_s, mode)
     objective = P.time_objective()
     # 1e-6 below the budget: solvers accept violations up to their tolerance
@@ -880,7 +950,10 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         # integer schedule: round and repair (solver.repair), keep the cheapest candidate whose
         # simulated peak fits, else the smallest-budget one.
         fit = peak_of or mem.peak
-        best = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
+        # at full scale the start's search saw these candidates already (by the ILP's memory) and
+        # took all of the limit: simulating them again took 12 s past it on a 24-layer GPT-2
+        best = (None if large and start is not None else
+                round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit))
         if start is not None and (best is None or start[1] < best[2]):  # the improved start
             best = (start[3], start[4], start[1])
         if best is None and not smallest:

@@ -275,13 +275,20 @@ class MemoryModel:
             U = U + self.live_opt @ M
         held = self.held()
         peaks = U + self.kept_at_backward(S, R, held) + self.bwd_extra + self.bwd_opt @ M
-        rows = self.live_while_recomputing(S, R, held) + self.out_bytes + self.recompute_workspace(M)
-        return np.maximum(peaks, U + np.where(R, rows, -np.inf).max(axis=1, initial=-np.inf))
+        ts = np.flatnonzero(R.any(axis=1))  # only the stages that recompute have these rows
+        if len(ts):
+            rows = self.live_while_recomputing(S, R, held, ts) + self.out_bytes + self.recompute_workspace(M)
+            U_ts = U[ts] if np.ndim(U) else U
+            peaks[ts] = np.maximum(peaks[ts], U_ts + np.where(R[ts], rows, -np.inf).max(axis=1))
+        return peaks
 
-    def live_while_recomputing(self, S: np.ndarray, R: np.ndarray, held: np.ndarray | None = None) -> np.ndarray:
+    def live_while_recomputing(self, S: np.ndarray, R: np.ndarray, held: np.ndarray | None = None,
+                               stages: np.ndarray | None = None) -> np.ndarray:
         """(T, N) bytes of forward values live in stage t while forward node i recomputes (its own
         outputs and workspace not included; meaningful where R[t, i]), for 0/1 S (T, G), R (T, N)
-        and ``held`` = `held` ().
+        and ``held`` = `held` ().  With ``stages`` (ascending stage indices), only those rows,
+        (len(stages), N): on a deep network few stages recompute (per-block checkpointing: one
+        per block), and the full (T, N) arrays of a 96-layer GPT-2 took seconds per schedule.
 
         A group g of node j counts: S[t, g] if i < j (kept, not yet recomputed); nothing if i = j
         (node i's outputs count as ``out_bytes[i]``); if i > j, S[t, g] when backward node t reads
@@ -294,9 +301,12 @@ class MemoryModel:
         S = np.asarray(S) > 0.5
         R = np.asarray(R) > 0.5
         held = self.held() if held is None else held
+        S1 = self.next_keep(S)
+        read_bytes = self.bwd_read_bytes
+        if stages is not None:
+            S, S1, R, held, read_bytes = S[stages], S1[stages], R[stages], held[stages], read_bytes[stages]
         T, N = R.shape
         gn, b = self.group_node, self.saved_bytes
-        S1 = self.next_keep(S)
 
         def per_node(W):  # (T, G) bytes -> (T, N + 1) summed over each node's groups
             idx = (np.arange(T)[:, None] * (N + 1) + gn[None, :]).ravel()
@@ -307,7 +317,7 @@ class MemoryModel:
         before = np.cumsum(mine, axis=1) - mine  # held groups of nodes before i
         later = kept[:, ::-1].cumsum(axis=1)[:, ::-1] - kept  # kept groups of nodes after i
         rec = np.zeros((T, N + 1))
-        rec[:, :N] = R * self.bwd_read_bytes
+        rec[:, :N] = R * read_bytes
         rec = np.cumsum(rec, axis=1) - rec  # recomputed nodes before i, the groups t reads
         # the other groups of nodes before i: from node + 1 on while kept into t + 1, else up to the
         # last forward reader the stage recomputes (``read_edges`` is sorted by group, then reader)

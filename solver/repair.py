@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from monet.graph import OpGraph
 from monet.solver.memory_model import MemoryModel
@@ -56,6 +57,21 @@ def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarr
     return _trim(graph, mem, S, R, input_groups), R
 
 
+def checkpointed(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(S (T, G), R (T, N)) that keeps the groups ``keep`` (G,) bool through the backward pass and
+    recomputes every other value once, in the first stage that reads it (with what it needs), and
+    keeps it from there until its last reader: ``torch.utils.checkpoint``'s semantics, where a
+    segment is recomputed at its first unpack and its values are held until the segment's
+    backward has read them (Chen et al. 2016, Sec. 4)."""
+    T = len(graph.bwd)
+    keep = np.broadcast_to(np.asarray(keep, dtype=bool), allow_s.shape).copy()
+    _, R = repair(graph, mem, keep, allow_s)
+    recomputed = R[:, mem.group_node]  # (T, G): the group's node is recomputed in stage t
+    first = np.where(recomputed.any(axis=0), recomputed.argmax(axis=0), T)
+    keep |= np.arange(T)[:, None] > first[None, :]
+    return repair(graph, mem, keep, allow_s)
+
+
 def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_groups) -> np.ndarray:
     """S (T, G) without the kept groups that are of no use: a group is kept at the start of stage t
     only if stage t reads it (its backward node, or a recomputation, and its node is not
@@ -77,10 +93,14 @@ def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_
     return out
 
 
-def repaired_candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None):
-    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds)."""
+def repaired_candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None,
+                        deadline: float | None = None):
+    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds), at least one, the others
+    while ``deadline`` (a `time.perf_counter` value) allows."""
     out = []
     for keep in candidate_keeps(mem, frac_s, len(graph.bwd), recompute_s):
+        if out and deadline is not None and time.perf_counter() >= deadline:
+            break
         S, R = repair(graph, mem, keep, allow_s)
         cost = 0.0 if recompute_s is None else float(np.asarray(recompute_s) @ R.sum(axis=0))
         out.append((S, R, mem.peak(S, R), cost))
@@ -168,8 +188,11 @@ def stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray, input_groups) -
     used = np.zeros((T, G), dtype=bool)
     for t, bnode in enumerate(graph.bwd):
         used[t, [mem.group_of[v] for v in bnode.reads]] = True
-        for i in np.flatnonzero(R[t]):
-            used[t, input_groups[i]] = True
+    rows = [i for i, gs in enumerate(input_groups) for _ in gs]
+    cols = [g for gs in input_groups for g in gs]
+    if rows:  # what the recomputed nodes read: R (T, N) @ reads (N, G), sparse
+        reads = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(input_groups), G))
+        used |= (sp.csr_matrix(np.asarray(R, dtype=np.float32)) @ reads).toarray() > 0
     return used
 
 

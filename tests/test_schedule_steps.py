@@ -41,7 +41,7 @@ def test_steps_of_a_schedule_in_execution_order():
         Step(OFFLOAD, FORWARD, 2, "v"), Step(OFFLOAD, FORWARD, 7, "w"),
         Step(KEEP, FORWARD, 0), Step(KEEP, FORWARD, 2),
         Step(PREFETCH, 0, 0, "w"), Step(RECOMPUTE, 0, 1), Step(BACKWARD, 0, 0), Step(FREE, 0, 2),
-        Step(KEEP, 0, 0), Step(KEEP, 0, 1),
+        Step(KEEP, 0, 1),  # node 0 stays kept from the forward pass; node 1, recomputed, becomes kept
         Step(PREFETCH, 1, 1, "v"), Step(BACKWARD, 1, 1), Step(FREE, 1, 0), Step(FREE, 1, 1)]
     assert [s for s in sched.steps() if s.kind == COMPUTE] == []
     assert sched.recompute_count() == 1
