@@ -17,7 +17,7 @@ from monet import mixed_precision
 from monet.frontend import (CaptureError, describe_export_failure, export, kinds_by_name, primal_kinds,
                             primal_sources, trace, training_inputs)
 from monet.graph import OpGraph, build_opgraph
-from monet.inputs import ExampleInputs
+from monet.inputs import ExampleInputs, call_key
 
 
 class _Captured(Exception):
@@ -77,6 +77,7 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             graph = build_opgraph(c.joint, c.num_fwd_outputs, kinds_by_name(c.joint, primal_kinds(sources)),
                                   autocast=autocast)
             graph.primal_sources = sources
+            graph.exported = (call_key(inputs, autocast), gm)
             if not graph.bwd:
                 raise ValueError("the model's output does not require a gradient: nothing to train")
             return graph

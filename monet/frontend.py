@@ -272,6 +272,26 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
     return gm
 
 
+def rebind(gm: fx.GraphModule, source: nn.Module, target: nn.Module) -> fx.GraphModule:
+    """A copy of ``gm`` (an `export` of ``source``) that reads ``target``'s parameters and buffers
+    instead of ``source``'s: ``target`` is a copy of ``source`` (``copy.deepcopy``, same names and
+    shapes).  Exporting a 96-layer GPT-2 takes about 50 s on 2 cores; this, milliseconds.
+
+    Raises:
+        ValueError: ``target``'s parameters and buffers are not ``source``'s by name and shape."""
+    import copy
+
+    def tensors(m):
+        return list(m.named_parameters(remove_duplicate=False)) + list(m.named_buffers(remove_duplicate=False))
+
+    ours, theirs = tensors(source), tensors(target)
+    if [(n, tuple(t.shape)) for n, t in ours] != [(n, tuple(t.shape)) for n, t in theirs]:
+        raise ValueError("cannot rebind the export: the target's parameters and buffers are not the source's")
+    with warnings.catch_warnings():  # torch 2.13's pytree warns of its own LeafSpec when copied
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        return copy.deepcopy(gm, {id(a): b for (_, a), (_, b) in zip(ours, theirs)})
+
+
 def _forget(model: nn.Module) -> None:
     """Drop Dynamo's cache entries on the code objects of ``model``'s forward (and the functions it
     wraps: transformers decorates its forwards), which `export` left."""
@@ -331,5 +351,5 @@ def _user_frame(e: BaseException) -> str:
     return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
 
 
-__all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
+__all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "rebind", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
            "describe_export_failure", "training_inputs", "cache_owner"]

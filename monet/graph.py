@@ -160,6 +160,11 @@ class OpGraph:
             CUDA device; set by hand for a meta capture), for the cuBLAS workspace size.
         library_bytes: bytes held outside the graph's nodes through the step (the BLAS workspaces
             of a CUDA graph, set by `monet.profiling.cuda_memory.sized_graph`; 0 otherwise).
+        exported: ``(call key, module)``: the Dynamo export the capture traced
+            (`monet.inputs.call_key` of its inputs, `monet.frontend.export`'s module), which the
+            first trace of a wrapper made from this capture takes instead of exporting the model
+            again (`monet.frontend.rebind` gives it to a copy of the model); None for a graph made
+            otherwise.  Not part of the fingerprint.
     """
 
     fwd: list[Node]
@@ -185,6 +190,7 @@ class OpGraph:
     device: str = "cpu"
     cuda_capability: tuple[int, int] | None = None
     library_bytes: int = 0
+    exported: tuple | None = field(default=None, repr=False)
 
     @property
     def fwd_tangent_bytes(self) -> int:

@@ -336,7 +336,10 @@ class Plan:
         ``WithLoss(model, loss_fn)``) with ``solution``."""
         from monet.wrapper import MONeTWrapper
 
-        return MONeTWrapper(self.module if model is None else model, solution)
+        wrapper = MONeTWrapper(self.module if model is None else model, solution)
+        if model is None or model is self.module:
+            wrapper.offer_export(self.graph)  # the first training call traces the capture's export
+        return wrapper
 
 
 #: outputs' gradients (bytes) from this fraction of plain PyTorch's simulated peak up make
@@ -373,7 +376,7 @@ def _plan_key(model: nn.Module, inputs: ExampleInputs, loss_fn, options: tuple) 
     """What a plan is specific to: the inputs' structure, shapes, dtypes and devices and their
     non-tensor values, the model's parameters and buffers (names, shapes, dtypes, devices: its
     structure, not its values), its training mode, the loss function and the cost options."""
-    from monet.wrapper import call_key
+    from monet.inputs import call_key
 
     tensors = [(n, tuple(t.shape), t.dtype, t.device) for n, t in
                list(model.named_parameters()) + list(model.named_buffers())]

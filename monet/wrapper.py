@@ -6,14 +6,13 @@ from types import MappingProxyType
 
 import torch
 import torch.nn as nn
-import torch.utils._pytree as pytree
 
 from monet.executor import RUNTIME, build_modules
 from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
-                            primal_sources, trace, training_inputs, cache_owner)
+                            primal_sources, rebind, trace, training_inputs, cache_owner)
 from monet.graph import build_opgraph, portable_summary
 from monet import compat, mixed_precision
-from monet.inputs import _SCALARS, ExampleInputs
+from monet.inputs import ExampleInputs, call_key
 from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
                             check_compatible, load_solution)
 
@@ -28,27 +27,6 @@ def _boxed_backward(gm, _example_inputs):
 
 MAX_TRACES = 4  # traced graphs a ScheduledModule keeps (full and last batch, per autocast setting)
 MAX_CHECKED = 64  # call keys whose inputs a MONeTWrapper has checked against its solution
-_LEAVES = (torch.Tensor, *_SCALARS)
-
-
-def _leaf_key(v) -> tuple:
-    return (tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else ("const", repr(v))
-
-
-def call_key(inputs: ExampleInputs, autocast) -> tuple:
-    """What a traced graph is specific to: the inputs' structure, each tensor's shape, dtype and
-    device, the non-tensor arguments' values, and the autocast setting (a hashable tuple).
-
-    Computed on every training call: where every argument is a tensor or a scalar (the usual
-    call), the structure is the number of positional arguments and the keyword names, without
-    flattening a pytree (3 us instead of 16 us on this project's CPU); otherwise the pytree's
-    spec.  The two forms have different lengths, so they never collide."""
-    args, kwargs = inputs.args, inputs.kwargs
-    values = (*args, *kwargs.values())
-    if all(v is None or isinstance(v, _LEAVES) for v in values):
-        return (len(args), tuple(kwargs), tuple(map(_leaf_key, values)), autocast)
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    return (str(spec), tuple(map(_leaf_key, leaves)), autocast)
 
 
 class ScheduledModule(nn.Module):
@@ -72,7 +50,8 @@ class ScheduledModule(nn.Module):
             node by node to measure each node's memory.
     """
 
-    def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None, runner=None):
+    def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None, runner=None,
+                 exported: dict | None = None):
         super().__init__()
         self.model = model
         self._make_schedule = make_schedule
@@ -80,6 +59,7 @@ class ScheduledModule(nn.Module):
         self._autocast = autocast
         self._runner = runner
         self._traces: dict = {}  # call_key -> traced module (a plain dict: no submodules)
+        self.__dict__["_exported"] = dict(exported or {})  # call_key -> an export of the model to trace
         self.monet_compiled: dict = {}
 
     def forward(self, *args, **kwargs):
@@ -95,15 +75,17 @@ class ScheduledModule(nn.Module):
         traced = self._traces.get(key)
         if traced is not None:
             return traced(*inputs.args, **inputs.kwargs)
-        traced = self._trace(inputs, autocast)
+        traced = self._trace(inputs, autocast, key)
         out = traced(*inputs.args, **inputs.kwargs)
         if len(self._traces) >= MAX_TRACES:  # e.g. an epoch's last, smaller batch: kept, the next epoch needs it
             self._traces.pop(next(iter(self._traces)))
         self._traces[key] = traced
         return out
 
-    def _trace(self, inputs: ExampleInputs, autocast):
-        gm = export(self.model, inputs)
+    def _trace(self, inputs: ExampleInputs, autocast, key=None):
+        gm = self.__dict__["_exported"].pop(key, None)  # the capture's export, handed over once
+        if gm is None:
+            gm = export(self.model, inputs)
         sources = primal_sources(gm, self.model, inputs)
         holder = self.monet_compiled
 
@@ -135,6 +117,7 @@ class ScheduledModule(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         self._traces.clear()  # a new device or dtype: export and trace again on the next call
+        self.__dict__["_exported"].clear()
         return super()._apply(fn, *args, **kwargs)
 
 
@@ -233,6 +216,7 @@ class MONeTWrapper(nn.Module):
                              batch_size=solution.meta.batch_size, input_shape=self.input_shape,
                              dtype=solution.meta.dtype)
         self.model = model
+        self.__dict__["_exports"] = {}  # call_key -> export for the first trace (`offer_export`)
         self.__dict__["_traced"] = None  # not a submodule: its parameters are the model's
         self.__dict__["_checked"] = set()  # call keys whose inputs fit the solution (`_scheduled`)
 
@@ -317,8 +301,22 @@ class MONeTWrapper(nn.Module):
         if self._traced is None:
             schedule: Schedule = self.solution.schedule
             self.__dict__["_traced"] = ScheduledModule(self.model, lambda g: schedule, check=self._check_graph,
-                                                       autocast=autocast)
+                                                       autocast=autocast, exported=self.__dict__["_exports"])
+            self.__dict__["_exports"] = {}
         return self._traced.run(key, inputs, autocast)
+
+    def offer_export(self, graph, source: nn.Module | None = None) -> None:
+        """Let the first training call trace the Dynamo export ``graph`` was captured from
+        (``graph.exported``) instead of exporting the model again, if its call key comes: the
+        export of ``source`` (default: this wrapper's model itself) rebound to this wrapper's
+        model (`monet.frontend.rebind`).  Nothing happens for a graph without one.  `monet.optimize`
+        and the CPU timings do this; at 96 layers an export takes about a minute."""
+        if getattr(graph, "exported", None) is None:
+            return
+        key, gm = graph.exported
+        if source is not None and source is not self.model:
+            gm = rebind(gm, source, self.model)
+        self.__dict__["_exports"][key] = gm
 
     @property
     def scheduled(self) -> ScheduledModule | None:
@@ -330,6 +328,7 @@ class MONeTWrapper(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         self.__dict__["_traced"] = None  # a new device or dtype: trace again on the next call
         self.__dict__["_checked"] = set()
+        self.__dict__["_exports"] = {}
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -169,7 +169,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     from monet.profiling.dispatch import FACTOR_ROUNDS, WARMUP, paired_medians, restored, timed_executor, warm_up
 
     inputs = ExampleInputs.of(inputs)
-    scheduled = timed_executor(model, solution)
+    scheduled = timed_executor(model, solution, graph)
     with restored(model), mixed_precision.context(graph.autocast):
         t0 = time.perf_counter()
         turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)

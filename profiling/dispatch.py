@@ -58,12 +58,18 @@ def own_copy(model: nn.Module) -> nn.Module:
         return model
 
 
-def timed_executor(model: nn.Module, solution) -> nn.Module:
+def timed_executor(model: nn.Module, solution, graph: OpGraph | None = None) -> nn.Module:
     """MONeT's executor running ``solution`` on a copy of ``model`` (`own_copy`): the module every
-    CPU timing here sets against plain PyTorch's ``model``."""
+    CPU timing here sets against plain PyTorch's ``model``.  With ``graph`` (captured from
+    ``model``), its first call traces the capture's export rebound to the copy
+    (`monet.wrapper.MONeTWrapper.offer_export`) instead of exporting again."""
     from monet.wrapper import MONeTWrapper
 
-    return MONeTWrapper(own_copy(model), solution)
+    copy_ = own_copy(model)
+    wrapper = MONeTWrapper(copy_, solution)
+    if graph is not None and copy_ is not model:
+        wrapper.offer_export(graph, source=model)
+    return wrapper
 
 
 @contextlib.contextmanager
@@ -124,7 +130,7 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     info = input_info(inputs, None)
     keep = keep_all(model, inputs, graph, table)
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
-    chen = timed_executor(model, chen_solution)
+    chen = timed_executor(model, chen_solution, graph)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
         repeats = warm_up((keep, chen), model, inputs, repeats, warmup)
         k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
@@ -197,7 +203,7 @@ def keep_all(model: nn.Module, inputs, graph: OpGraph, table) -> nn.Module:
 
     info = input_info(ExampleInputs.of(inputs), None)
     costs = costs_for(graph, table) if isinstance(table, pd.DataFrame) else table
-    return timed_executor(model, solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info))
+    return timed_executor(model, solve_checkpoint_all(graph, costs, 2**62, deadline=Deadline(0), info=info), graph)
 
 
 def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame, variant_graph: OpGraph,

@@ -68,10 +68,11 @@ SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # cores (ResNet-50 at batch 184: 91,000), so the time goes to the local search instead; HiGHS's
 # presolve alone outlasted the test suite's 4 s limits there, so the rule holds for every solver
 LARGE = 20000
-# Above this many variables not even the LP relaxation answers within a minute on 2 cores (a
-# 12-layer GPT-2, 287,000: no answer in 14 s; a 48-layer one held 7 GB building it), so no cvxpy
-# problem is built at all: the search (`search`) alone gives the schedule, with no bound
-HUGE = 250_000
+# Above this many R and S variables not even the LP relaxation answers within a minute on 2 cores
+# (a 12-layer GPT-2: 178,000 of them, 287,000 variables in all: no answer in 14 s; a 48-layer one
+# held 7 GB building it), so no cvxpy problem is built at all: the search (`search`) alone gives
+# the schedule, with no bound.  ResNet-50 at batch 184 (at most 204,000 variables in all) is below
+HUGE = 150_000
 
 
 class InfeasibleBudgetError(ValueError):
@@ -720,8 +721,9 @@ def _start(P: Problem, graph: OpGraph, mem: MemoryModel, recompute_s, budget: fl
 
 
 def huge_allow_s(graph: OpGraph, mem: MemoryModel, mode: str) -> np.ndarray | None:
-    """``allow_s`` of `allowed` when the ILP would have more than `HUGE` variables in recompute-or-
-    store mode (no implementation options, no offload), else None: the cue for the search alone."""
+    """``allow_s`` of `allowed` when the ILP would have more than `HUGE` R and S variables in
+    recompute-or-store mode (no implementation options, no offload), else None: the cue for the
+    search alone."""
     if mode != "normal" or mem.n_options or mem.offload is not None:
         return None
     _, allow_r, allow_s = allowed(graph, mem, mode)

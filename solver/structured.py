@@ -126,9 +126,11 @@ class Structure:
         return Candidate(name, S, R, self.mem.peak(S, R), float(self.recompute_s @ R.sum(axis=0)))
 
     def uniform(self, policies: dict | None = None) -> list[Candidate]:
-        """One candidate per policy: every block under it but the last, which keeps everything."""
+        """One candidate per policy: every block under it but the last, which keeps everything;
+        and per-block checkpointing as ``torch.utils.checkpoint`` around every block runs it, the
+        last block recomputed too (``blocks:recompute-every``)."""
         policies = self.policies() if policies is None else policies
-        out = []
+        out = [self.candidate("blocks:recompute-every", policies["recompute"])]
         for name, masks in policies.items():
             masks = list(masks)
             masks[-1] = np.ones(len(self.blocks[-1]), dtype=bool)
@@ -140,7 +142,7 @@ class Structure:
         candidates' (peak, cost), the schedule with the most blocks under B (the latest ones, the
         last block always keeping everything) and the rest under A whose peak fits ``budget``
         bytes (bisected: the peak grows with the number of B blocks)."""
-        hull = lower_hull([(c.peak, c.cost, c) for c in uniform])
+        hull = lower_hull([(c.peak, c.cost, c) for c in uniform if c.name.split(":", 1)[1] in policies])
         out = []
         for (pa, _, a), (pb, _, b) in zip(hull, hull[1:]):
             if not pa <= budget < pb:

@@ -124,8 +124,11 @@ def test_cached_once_per_graph_and_refused_when_corrupt(tmp_path):
 
 def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     """With the term on every node, the schedule keeping everything is predicted at the executor's
-    measured iteration (whenever that is longer than the operators' sum), and the overhead's
-    reference is plain PyTorch's measured iteration."""
+    measured iteration, whichever way the measured times fall (time added between operators where
+    the iteration is longer than their sum, every time scaled down where it is shorter), and the
+    overhead's reference is plain PyTorch's measured iteration.  Only identities between the
+    measured numbers are asserted, so that a loaded machine passes as an idle one does (issue 42:
+    the else branch asserted the operators' sum, which a scale below 1 does not keep)."""
     model = bn_net()
     x = torch.randn(2, 3, 8, 8)
     graph = capture(model, x)
@@ -135,14 +138,13 @@ def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     assert list(quick_dir("cpu", tmp_path).glob("*.iterations.v4.json"))
     table, costs = solver_costs("hybrid", model, x, graph, "cpu", cache_dir=tmp_path)
     assert table.equals(cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path))
-    if between > 0:
-        assert costs.total_time == pytest.approx(record["executor_iteration_s"], rel=1e-9)
+    scale = record["operator_scale"]
+    assert scale == 1.0 or between == 0.0  # never both
+    assert costs.total_time == pytest.approx(record["executor_iteration_s"], rel=1e-9)
+    if between > 0 or scale != 1.0:
         assert table["source"].str.contains("us-between-x").all()
-    else:
-        assert record["executor_iteration_s"] <= quick["time_s"].sum()
-        assert costs.total_time == pytest.approx(quick["time_s"].sum(), rel=1e-9)
     merged = table.merge(quick, on=["kind", "node"], suffixes=("", "_quick"))
-    expected = record["recompute_factor"] * (merged["recompute_s_quick"] + between)
+    expected = record["recompute_factor"] * (scale * merged["recompute_s_quick"] + between)
     assert (merged["recompute_s"] - expected).abs().max() < 1e-12
     assert costs.plain_time_s == record["plain_iteration_s"] == plain_iteration("hybrid", model, x, graph, "cpu", tmp_path)
     assert costs.plain_time == costs.plain_time_s

@@ -220,7 +220,7 @@ def _rebuild(graph: OpGraph, joint: fx.GraphModule, impls: dict[str, str]) -> Op
     # a schedule is bound to the captured graph, whatever implementations it runs
     out.fingerprint, out.summary = graph.fingerprint, graph.summary
     out.input_shape, out.input_dtype, out.autocast = graph.input_shape, graph.input_dtype, graph.autocast
-    out.primal_sources = graph.primal_sources
+    out.primal_sources, out.exported = graph.primal_sources, graph.exported
     out.device, out.cuda_capability = graph.device, graph.cuda_capability  # how its bytes are counted
     out.impls = dict(impls)
     return out

@@ -1,0 +1,362 @@
+"""Deep networks: monet against what a transformers user already has, at 12 to 96 layers.
+
+    python benchmarks/depth.py --models gpt2 --layers 12,24 --out BENCHMARKS.md
+    python benchmarks/depth.py --models gpt2,llama,bert --layers 12,24,48,96 --dtypes fp32,bf16 \\
+        --out BENCHMARKS.md --csv benchmarks/results/depth.csv --plot docs/depth.png
+
+For each model (transformers' GPT-2, Llama and BERT, built from a config in the process: no
+download), depth and dtype (fp32, or bf16 autocast on the CPU), one batch with labels (the loss in
+the model) is trained by every method from the same weights, and each method is measured side by
+side with plain PyTorch in one process:
+
+* plain PyTorch;
+* transformers' own activation checkpointing, `activation_checkpointing_enable` (formerly
+  `gradient_checkpointing_enable`) with ``use_reentrant=False``, at ``every_n_layers`` 1, 2 and 4,
+  and with ``offload=True`` (the saved block inputs in host memory: on the CPU no saving);
+* torch's selective activation checkpointing around each layer with torchtitan's policy (keep what
+  matrix products and attention compute, except every second matrix product; recompute the rest);
+* ``torch.compile`` with ``torch._functorch.config.activation_memory_budget`` 0.5
+  (`monet.profiling.baselines.compile_with_activation_budget`);
+* monet (`monet.prepare` once, then one solve per budget, normal mode) at 50 % and 30 % of plain
+  PyTorch's simulated peak (at the smallest feasible budget where 30 % is below it) and at each
+  peer's measured peak.
+
+Columns: the measured peak of one training iteration at the allocator
+(`monet.profiling.check.step_peak`), the overhead (`monet.profiling.check.step_overhead`: the
+median of paired interleaved iterations against plain PyTorch, minus 1), monet's predicted
+overhead, the call's wall time split into capture, costs and solve, and the largest relative
+gradient difference against plain PyTorch (``bitwise`` where equal).  Each configuration runs in a
+process of its own (allocator and Dynamo caches start clean).  Writes the section "## Deep
+networks" of ``--out`` (other sections are left as they are), a CSV with every row and a plot of
+overhead against peak.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## Deep networks"
+MODELS = ("gpt2", "llama", "bert")
+
+
+def build(name: str, layers: int, hidden: int, seq: int, batch: int, vocab: int):
+    """(model in training mode, seed 0; inputs with labels) of transformers' ``name``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from reach_models import declare_torchvision_ops
+
+    declare_torchvision_ops()  # transformers imports torchvision when it is installed
+    import torch
+    import transformers as tr
+
+    heads = max(1, hidden // 64)
+    if name == "gpt2":
+        cfg = tr.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=seq,
+                            bos_token_id=0, eos_token_id=0)
+        cls = tr.GPT2LMHeadModel
+    elif name == "llama":
+        cfg = tr.LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=int(8 * hidden / 3),
+                             num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
+                             max_position_embeddings=seq, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        cls = tr.LlamaForCausalLM
+    elif name == "bert":
+        cfg = tr.BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                            intermediate_size=4 * hidden, vocab_size=vocab, max_position_embeddings=seq,
+                            pad_token_id=0)
+        cls = tr.BertForMaskedLM
+    else:
+        raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
+    torch.manual_seed(0)
+    model = cls(cfg).train()
+    ids = torch.randint(1, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "labels": ids}
+    if name != "bert":
+        inputs["use_cache"] = False
+    return model, inputs
+
+
+def sac_context():
+    """torchtitan's selective activation checkpointing policy as a ``context_fn``: save the
+    outputs of matrix products (every second ``mm``/``addmm`` recomputed) and attention, recompute
+    everything else."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    mms = {aten.mm.default, aten.addmm.default}
+    save = mms | {aten.bmm.default, aten.baddbmm.default, aten.max.default}
+    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_flash_attention_for_cpu"):
+        if hasattr(aten, name):
+            save.add(getattr(aten, name).default)
+    counts = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func in mms:
+            counts[key] += 1
+        keep = func in save and not (func in mms and counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def peers(model):
+    """(name, module) of each peer, on its own copy of ``model``."""
+    from monet.profiling.baselines import compile_with_activation_budget
+
+    def ckpt(**kw):
+        m = copy.deepcopy(model)
+        enable = getattr(m, "activation_checkpointing_enable", None)
+        if enable is None:  # transformers before 5.x: the old name, without every_n_layers / offload
+            if kw.get("every_n_layers", 1) != 1 or kw.get("offload") or "context_fn" in kw:
+                return None
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return m
+        ctx = kw.pop("context_fn", None)
+        args = {"use_reentrant": False, **({"context_fn": ctx} if ctx else {})}
+        m.activation_checkpointing_enable(activation_checkpointing_kwargs=args, **kw)
+        return m
+
+    out = [("transformers every 1", ckpt(every_n_layers=1)), ("transformers every 2", ckpt(every_n_layers=2)),
+           ("transformers every 4", ckpt(every_n_layers=4)), ("transformers offload", ckpt(offload=True)),
+           ("torch SAC (torchtitan)", ckpt(context_fn=sac_context)),
+           ("torch.compile budget 0.5", compile_with_activation_budget(copy.deepcopy(model), 0.5))]
+    return [(n, m) for n, m in out if m is not None]
+
+
+def gradients(module, inputs, autocast, base=None):
+    """The parameter gradients of one training step of ``module`` (seed 0), by the parameter names
+    of ``base``, the transformers model inside it (default ``module`` itself)."""
+    import torch
+
+    from monet.profiling.check import loss_of
+
+    base = module if base is None else base
+    for p in base.parameters():
+        p.grad = None
+    torch.manual_seed(0)
+    with autocast():
+        out = inputs.call(module)
+    loss_of(out).backward()
+    return {n: p.grad.detach().clone() for n, p in base.named_parameters() if p.grad is not None}
+
+
+def grad_cell(a: dict, b: dict) -> str:
+    import torch
+
+    from monet.profiling.check import max_rel_diff
+
+    if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a):
+        return "bitwise"
+    return f"{max_rel_diff(a, b):.1e}"
+
+
+def one(cfg: dict) -> list[dict]:
+    """The rows of one configuration (run in this process)."""
+    import contextlib
+
+    import torch
+
+    from monet.inputs import ExampleInputs
+    from monet.plan import prepare
+    from monet.profiling.baselines import CompiledWithBudget
+    from monet.profiling.check import step_overhead, step_peak
+
+    torch.set_num_threads(cfg["threads"]) if cfg.get("threads") else None
+    model, raw = build(cfg["model"], cfg["layers"], cfg["hidden"], cfg["seq"], cfg["batch"], cfg["vocab"])
+    inputs = ExampleInputs.of(raw)
+    bf16 = cfg["dtype"] == "bf16"
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    plain = model
+    rows = []
+
+    def measure(name, module, extra, base):
+        with autocast():
+            peak = step_peak(module, inputs)
+            ovh = step_overhead(plain, module, inputs, repeats=cfg["repeats"], warmup=1)[0]
+        grads = gradients(module, inputs, autocast, base)
+        row = dict(cfg, method=name, peak=int(peak), overhead=ovh, grads=grad_cell(grads, reference), **extra)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+        return row
+
+    with autocast():
+        plain_peak = step_peak(plain, inputs)
+    reference = gradients(plain, inputs, autocast)
+    rows.append(dict(cfg, method="plain PyTorch", peak=int(plain_peak), overhead=0.0, grads="reference"))
+    targets = []
+    for name, module in peers(model):
+        try:
+            row = measure(name, module, {}, module.model if isinstance(module, CompiledWithBudget) else module)
+            targets.append((name, row["peak"]))
+        except Exception as e:  # noqa: BLE001 - a peer that fails is a row that says so
+            rows.append(dict(cfg, method=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+        del module
+    t0 = time.perf_counter()
+    plan = prepare(copy.deepcopy(model), raw, autocast_dtype=torch.bfloat16 if bf16 else None,
+                   cache_dir=cfg.get("cache_dir"), progress=False)
+    prepared_s = time.perf_counter() - t0
+    budgets = [("monet 50%", "50%"), ("monet 30%", "30%")]
+    budgets += [(f"monet at {name}", peak) for name, peak in targets]
+    for name, budget in budgets:
+        t0 = time.perf_counter()
+        try:
+            sol = plan.solve(budget, mode="normal", time_limit=cfg["time_limit"],
+                             if_infeasible="smallest" if budget == "30%" else "raise")
+        except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
+            rows.append(dict(cfg, method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}"))
+            continue
+        solve_s = time.perf_counter() - t0
+        wrapped = plan.wrap(sol)
+        ovh = sol.meta.predicted_overhead()
+        measure(name, wrapped, dict(budget=int(sol.meta.budget_bytes), predicted_peak=int(sol.meta.predicted_peak_bytes),
+                                    predicted_overhead=ovh, capture_s=plan.capture_s,
+                                    costs_s=prepared_s - plan.capture_s, solve_s=solve_s, status=sol.meta.status),
+                plan.module)
+        del wrapped
+    return rows
+
+
+def _mib(b) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} %"
+
+
+def table(rows: list[dict]) -> str:
+    from monet.profiling.markdown import md_table
+
+    out = []
+    plain = {}
+    for r in rows:
+        if r["method"] == "plain PyTorch":
+            plain[(r["model"], r["layers"], r["dtype"])] = r["peak"]
+    for r in rows:
+        key = (r["model"], r["layers"], r["dtype"])
+        if "error" in r:
+            out.append([r["model"], str(r["layers"]), r["dtype"], r["method"], "-", "-", "-", "-", "-", "-",
+                        r["error"][:90]])
+            continue
+        base = plain.get(key)
+        wall = ("-" if "solve_s" not in r else
+                f"{r['capture_s']:.0f} + {r['costs_s']:.0f} + {r['solve_s']:.0f}")
+        out.append([r["model"], str(r["layers"]), r["dtype"], r["method"],
+                    "-" if "budget" not in r else _mib(r["budget"]), _mib(r["peak"]),
+                    "-" if not base else f"{r['peak'] / base:.2f}x", _pct(r.get("overhead")) if r["method"] != "plain PyTorch" else "-",
+                    _pct(r.get("predicted_overhead")), wall, r.get("grads", "-")])
+    return md_table(["model", "layers", "dtype", "method", "budget MiB", "peak MiB", "of plain", "overhead",
+                     "predicted", "capture + costs + solve s", "gradients"], out, "lllllrrrrrl")
+
+
+def section(rows: list[dict], command: str, started: str, elapsed: float) -> str:
+    import torch
+
+    return "\n".join([
+        SECTION, "",
+        f"`{command}` ({started} UTC, {elapsed / 60:.0f} min; {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}).  Every method trains the same batch from the same weights; peak = one "
+        "training iteration at the allocator (parameters and gradients included); overhead = median of paired "
+        "interleaved iterations against plain PyTorch, minus 1; monet's budgets are 50 % and 30 % of plain "
+        "PyTorch's simulated peak and each peer's measured peak (bytes).  Wall time: the capture and the costs "
+        "are one `monet.prepare` per configuration, the solve is per budget.", "",
+        table(rows), ""])
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = sorted({(r["model"], r["layers"], r["dtype"]) for r in rows})
+    fig, axes = plt.subplots(1, len(configs), figsize=(4.5 * len(configs), 4), squeeze=False)
+    for ax, key in zip(axes[0], configs):
+        sub = [r for r in rows if (r["model"], r["layers"], r["dtype"]) == key and "error" not in r]
+        base = next((r["peak"] for r in sub if r["method"] == "plain PyTorch"), None)
+        for r in sub:
+            monet = r["method"].startswith("monet")
+            ax.scatter(r["peak"] / base, 100 * r.get("overhead", 0.0), marker="o" if monet else "s",
+                       color="C0" if monet else "C1")
+            if not monet:
+                ax.annotate(r["method"].replace("transformers ", "tf "), (r["peak"] / base, 100 * r.get("overhead", 0.0)),
+                            fontsize=6)
+        ax.set_title(f"{key[0]} {key[1]} layers {key[2]}", fontsize=9)
+        ax.set_xlabel("peak / plain PyTorch's")
+        ax.set_ylabel("overhead %")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="gpt2", help=f"comma-separated, of {', '.join(MODELS)} (default gpt2)")
+    p.add_argument("--layers", default="12", help="comma-separated depths (default 12)")
+    p.add_argument("--dtypes", default="fp32", help="comma-separated: fp32, bf16 (autocast on the CPU)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden size (default 256)")
+    p.add_argument("--seq", type=int, default=256, help="tokens per sequence (default 256)")
+    p.add_argument("--batch", type=int, default=2, help="sequences per batch (default 2)")
+    p.add_argument("--vocab", type=int, default=1024, help="vocabulary (default 1024)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="monet's time_limit per solve, s (default 60)")
+    p.add_argument("--repeats", type=int, default=7, help="paired iterations per overhead (default 7)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--cache-dir", default=None, help="monet's cost cache (default: a fresh one per run)")
+    p.add_argument("--out", type=Path, default=None, help="markdown file whose section to write (else printed)")
+    p.add_argument("--csv", type=Path, default=None, help="write every row here too")
+    p.add_argument("--plot", type=Path, default=None, help="overhead against peak, one panel per configuration")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one configuration as JSON
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(json.loads(args.one))))
+        return 0
+    import datetime as dt
+    import shlex
+    import tempfile
+
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    t_start = time.perf_counter()
+    command = "python benchmarks/depth.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    rows: list[dict] = []
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="monet-depth-")
+    for model in args.models.split(","):
+        for layers in (int(x) for x in args.layers.split(",")):
+            for dtype in args.dtypes.split(","):
+                cfg = dict(model=model, layers=layers, dtype=dtype, hidden=args.hidden, seq=args.seq, batch=args.batch,
+                           vocab=args.vocab, time_limit=args.time_limit, repeats=args.repeats, threads=args.threads,
+                           cache_dir=cache)
+                print(f"== {model} {layers} layers {dtype}", file=sys.stderr, flush=True)
+                proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], stdout=subprocess.PIPE,
+                                      text=True)
+                if proc.returncode != 0:
+                    rows.append(dict(cfg, method="(all)", error=f"the configuration's process exited {proc.returncode}"))
+                else:
+                    rows += json.loads(proc.stdout.strip().splitlines()[-1])
+    text = section(rows, command, started, time.perf_counter() - t_start)
+    if args.out:
+        from monet.profiling.markdown import write_section
+
+        write_section(args.out, text, SECTION)
+    else:
+        print(text)
+    if args.csv:
+        import pandas as pd
+
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Deep networks (issue 40): chains of identical blocks, block-level schedules, and a solver that is
+never worse than per-block checkpointing.
+
+The model is a stack of 12 identical residual blocks, as a transformer is: the chain finder must
+see 12 blocks whose boundaries are the residual stream, every block policy must be a valid
+schedule, and at the peak of per-block checkpointing (``torch.utils.checkpoint`` around each
+block: keep each block's input, recompute the block once in its backward) the solver's schedule
+must cost no more recomputation (analytic costs: the same on every machine).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from monet.capture import capture
+from monet.graph import node_signatures
+from monet.profiling.costs import analytic_costs, costs_for
+from monet.simulate import schedule_peak
+from monet.schedule import schedule_from_matrices
+from monet.solver.blocks import Chain, crossing_bytes, find_chains
+from monet.solver.ilp import allowed, search
+from monet.solver.repair import checkpointed
+from monet.solver.simulated import eager_peak, memory_model
+from monet.solver.solve import solve
+from monet.solver.structured import Structure, lower_hull
+
+HIDDEN, BATCH, BLOCKS = 32, 256, 12  # activations, not parameters, make the peak
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.up = nn.Linear(HIDDEN, 4 * HIDDEN)
+        self.down = nn.Linear(4 * HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+class Stack(nn.Module):
+    """An embedding, ``BLOCKS`` identical residual blocks and a head: a transformer's shape."""
+
+    def __init__(self, blocks: int = BLOCKS):
+        super().__init__()
+        self.embed = nn.Linear(8, HIDDEN)
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.head = nn.Linear(HIDDEN, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).square().mean()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(BATCH, 8)
+    graph = capture(model, x)
+    costs = costs_for(graph, analytic_costs(graph))
+    return model, x, graph, costs
+
+
+def residual_adds(graph) -> list[int]:
+    """The forward nodes that add a block's branch to its input: the residual stream, found
+    without `monet.solver.blocks` (an add of two (BATCH, HIDDEN) tensors)."""
+    return [n.id for n in graph.fwd if n.op == "aten.add.Tensor" and len(n.fwd_inputs) == 2
+            and graph.values[n.outputs[0]].nbytes == BATCH * HIDDEN * 4]
+
+
+def test_the_chain_is_the_twelve_blocks_cut_at_the_residual_stream(stack):
+    _, _, graph, _ = stack
+    sigs = node_signatures(graph)
+    assert len(set(sigs.values())) < len(sigs) / 3  # twelve twins of each block's ops
+    chains = find_chains(graph)
+    assert len(chains) == 1
+    chain = chains[0]
+    assert chain.count == BLOCKS
+    adds = residual_adds(graph)
+    assert len(adds) == BLOCKS
+    # each block ends with its residual add: what crosses a boundary is the residual stream only
+    assert [chain.block(k)[-1] for k in range(BLOCKS)] == adds
+    crossing = crossing_bytes(graph)
+    assert all(crossing[chain.block(k)[0]] == BATCH * HIDDEN * 4 for k in range(1, BLOCKS))
+    with pytest.raises(IndexError):
+        chain.block(BLOCKS)
+
+
+def test_no_chain_without_repetition():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    graph = capture(model, torch.randn(4, 8))
+    assert find_chains(graph) == []
+    costs = costs_for(graph, analytic_costs(graph))
+    mem = memory_model(graph, costs)
+    assert Structure(graph, mem, costs.fwd_recompute, allowed(graph, mem)[2]).candidates(None) == []
+
+
+def test_every_block_policy_is_a_schedule_the_ilp_memory_bounds(stack):
+    _, _, graph, costs = stack
+    mem = memory_model(graph, costs)
+    st = Structure(graph, mem, costs.fwd_recompute, allowed(graph, mem)[2])
+    cands = st.candidates(0.5 * eager_peak(graph, costs))
+    names = {c.name for c in cands}
+    assert {"blocks:recompute", "blocks:recompute-every", "blocks:full", "blocks:compute"} <= names
+    for c in cands:
+        sim = schedule_peak(graph, costs, schedule_from_matrices(graph, mem.group_to_node(c.S), c.R)).peak_bytes
+        assert sim <= c.peak + 1  # the ILP's memory bounds the simulator's
+    by = {c.name: c for c in cands}
+    assert by["blocks:full"].cost == 0.0  # keeping everything recomputes nothing
+    assert by["blocks:recompute"].peak < by["blocks:full"].peak
+    assert by["blocks:recompute"].cost > 0
+
+
+def test_lower_hull_keeps_only_the_undominated_convex_points():
+    pts = [(1, 10, "a"), (2, 9.9, "b"), (3, 4, "c"), (4, 5, "d"), (5, 0, "e")]
+    assert [p[2] for p in lower_hull(pts)] == ["a", "c", "e"]  # b lies above a-c, d is dominated
+
+
+def test_solver_never_slower_than_per_block_checkpointing(stack):
+    """Per-block checkpointing built here from the residual adds alone (keep every block's input,
+    recompute the rest of the block once, at its first use in the backward pass, and keep it
+    until the block's backward is done: ``torch.utils.checkpoint``): at its simulated peak, the
+    solver's schedule recomputes no more seconds (analytic costs) and fits."""
+    _, _, graph, costs = stack
+    mem = memory_model(graph, costs)
+    allow_s = allowed(graph, mem)[2]
+    adds = residual_adds(graph)
+    first = next(n.id for n in graph.fwd if n.op.startswith("aten.native_layer_norm"))  # block 0's norm
+    inside = np.zeros(len(graph.fwd), dtype=bool)
+    inside[first:adds[-1] + 1] = True  # the blocks: from the first block's norm to the last add
+    keep = ~inside
+    keep[adds] = True
+    S, R = checkpointed(graph, mem, keep[mem.group_node], allow_s)
+    per_block_cost = float(costs.fwd_recompute @ R.sum(axis=0))
+    per_block_peak = schedule_peak(graph, costs, schedule_from_matrices(graph, mem.group_to_node(S), R)).peak_bytes
+    assert per_block_cost > 0 and per_block_peak < 0.6 * eager_peak(graph, costs)
+    sol = solve(graph, costs, per_block_peak, "normal", time_limit=10)
+    assert sol.meta.predicted_peak_bytes <= per_block_peak
+    assert sol.meta.objective_s <= costs.total_time + per_block_cost + 1e-12
+    # and without any time to search (as at 96 layers, where no MIP solver runs and the local search
+    # has little time per node): the block-level candidates alone meet it; the other starts
+    # (repaired checkpoint sets) recomputed 2.3x as much here
+    found = search(graph, mem, allow_s, costs.fwd_recompute, mem.peak(S, R), None, time.perf_counter())
+    assert found is not None and found[2] <= per_block_cost + 1e-12
