@@ -1,4 +1,4 @@
-"""Installs monet: the four top-level folders become one namespace (see DESIGN.md, "Layout")."""
+"""Installs monet: the four top-level folders become one namespace (docs/design.md, "Layout")."""
 from setuptools import setup
 
 setup(

@@ -17,7 +17,7 @@ allocated:
   ``max_memory_allocated``);
 - **fwd+bwd ms**: median milliseconds of forward + backward, the backends of a shape interleaved
   (a, b, a, b ...) in one process after a warm-up, as `monet.profiling.check.interleaved_medians`
-  does for two (DESIGN.md, "Measuring"); CPU times on shared machines drift by 20 % between runs.
+  does for two (docs/design.md, "Measuring"); CPU times on shared machines drift by 20 % between runs.
 
 Prints a markdown table.  Memory in MiB (2^20 bytes).
 """

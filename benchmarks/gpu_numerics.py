@@ -15,7 +15,7 @@ by experiment, in one run of about a minute on a GPU:
 2. **Under which numerics**: each of those under the defaults, under full fp32
    (`monet.compat.strict_fp32`: TF32 off for cuDNN convolutions and cuBLAS matmuls) and under full
    fp32 with ``torch.backends.cudnn.deterministic``.  If the difference vanishes with TF32 off, it is
-   arithmetic, and every check compares under the same numerics (DESIGN.md).
+   arithmetic, and every check compares under the same numerics (docs/design.md, "What must stay true").
 3. **Where**: one forward pass of the captured graph (aot_eager's forward module run node by node)
    against eager PyTorch's module outputs (forward hooks), from the same weights and batch, under
    the defaults and under full fp32: the relative difference of each module's output, and the

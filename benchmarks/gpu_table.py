@@ -67,7 +67,7 @@ ALLOC_CONF = "expandable_segments:True"
 FULL_MODE = "inplace_conv_multiway_newnode"
 STEPS = ("profile", "solve", "measure")
 GiB, MiB = 2 ** 30, 2 ** 20
-GRAD_TOLERANCE = 1e-5  # relative L2 error of all gradients (DESIGN.md), fp32 schedules
+GRAD_TOLERANCE = 1e-5  # relative L2 error of all gradients (docs/design.md, "What must stay true"), fp32 schedules
 
 
 @dataclass(frozen=True)

@@ -99,15 +99,6 @@ def table(rows: list[dict], limits: list[float], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    old = path.read_text() if path.exists() else ""
-    if SECTION in old:
-        head, rest = old.split(SECTION, 1)
-        nxt = rest.find("\n## ")
-        old = head + (rest[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(old.rstrip("\n") + "\n\n" + text + "\n")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="all", help="comma-separated: demo and reach-suite names (default: all)")
@@ -138,7 +129,9 @@ def main(argv=None) -> int:
     command = "python benchmarks/optimize_walltime.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = table(rows, limits, command.strip())
     if args.out:
-        write_section(args.out, text)
+        from monet.profiling.markdown import write_section
+
+        write_section(args.out, text, SECTION)
     print(text)
     return 0
 

@@ -273,7 +273,7 @@ def backend_flags(backend: str, **flags):
 def strict_fp32():
     """Full fp32 arithmetic on CUDA inside: TF32 off for cuDNN convolutions and cuBLAS matmuls,
     restored afterwards; a check compares gradients under the same numerics on both sides
-    (DESIGN.md, "What must stay true").
+    (docs/design.md, "What must stay true").
 
     2.9 and later (2.11-2.15 here) have the per-operator precision settings
     (``torch.backends.cudnn.conv.fp32_precision``, ``torch.backends.cuda.matmul.fp32_precision``:
@@ -349,14 +349,18 @@ def quiet_profile(**kwargs):
     from torch.profiler import profile
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    prof = profile(**kwargs)
-    with _stderr_without_kineto_chatter():
-        prof.__enter__()
-    try:
-        yield prof
-    finally:
+    with warnings.catch_warnings():
+        # torch 2.11 warns that the "Profiler clears events at the end of each cycle" once a
+        # profiler has run in the process: monet reads each profiler's events before the next
+        warnings.filterwarnings("ignore", message=".*[Pp]rofiler clears events.*")
+        prof = profile(**kwargs)
         with _stderr_without_kineto_chatter():
-            prof.__exit__(None, None, None)
+            prof.__enter__()
+        try:
+            yield prof
+        finally:
+            with _stderr_without_kineto_chatter():
+                prof.__exit__(None, None, None)
 
 
 def allocation_events(prof) -> list:

@@ -31,6 +31,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from monet import compat
+from monet.terms import MonetWarning
 from monet.inputs import ExampleInputs
 
 
@@ -156,7 +157,7 @@ def training_inputs(model: nn.Module, inputs: ExampleInputs, owner=_UNKNOWN) -> 
         _WARNED_USE_CACHE.add(type(inner))
         warnings.warn(f"{type(inner).__name__} is trained with use_cache=False: its config asks for a cache of past "
                   "keys and values, which training does not read (transformers' gradient checkpointing does the "
-                      "same); pass use_cache explicitly to silence this", UserWarning, stacklevel=3)
+                      "same); pass use_cache explicitly to silence this", MonetWarning, stacklevel=3)
     return ExampleInputs(inputs.args, {**inputs.kwargs, "use_cache": False})
 
 

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from monet.inputs import ExampleInputs
 from monet.progress import Progress
+from monet.terms import MonetWarning, arg, fmt_size
 from monet.solver import DEFAULT_GAP
 
 #: where a solved schedule is timed (`Plan.calibrates`), the share of ``time_limit`` the solver
@@ -30,10 +31,22 @@ OPTIMIZER_STATE = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
 class WithLoss(nn.Module):
     """``loss_fn(model(*args, **kwargs), target)`` as one module, so that the loss is in the graph
-    (its backward starts from the scalar loss, as training does).
+    (its backward starts from the scalar loss, as training does, and the loss's own temporaries are
+    in the budget).
 
-    Called as ``with_loss(*args, target=y, **kwargs)``; returns the loss.  ``state_dict`` has the
-    model's own keys.
+    ``monet.optimize(model, x, loss_fn=F.cross_entropy, target=y)`` captures ``WithLoss(model,
+    F.cross_entropy)``; its solution records the loss by name (``solution.meta.loss``), and
+    ``MONeTWrapper(model, file)`` wraps the model in ``WithLoss`` again itself.  Build one by hand
+    for a loss that has no importable name (a lambda, a loss module with arguments):
+    ``MONeTWrapper(WithLoss(model, my_loss), file)``.
+
+    Args:
+        model: the network; called as ``model(*args, **kwargs)``.
+        loss_fn: ``loss_fn(output, target) -> scalar tensor`` (e.g. ``F.cross_entropy`` on logits
+            (B, C) and classes (B,) int64).
+
+    Called as ``with_loss(*args, target=y, **kwargs)``; returns the scalar loss.  ``state_dict``
+    and ``load_state_dict`` use the model's own keys.
     """
 
     def __init__(self, model: nn.Module, loss_fn):
@@ -49,6 +62,39 @@ class WithLoss(nn.Module):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def loss_name(loss_fn) -> str:
+    """The importable name of a loss function, ``module.qualname`` (``F.cross_entropy``:
+    ``"torch.nn.functional.cross_entropy"``); for a loss module, its class's name with ``()``
+    (``"torch.nn.modules.loss.CrossEntropyLoss()"``).  What `SolutionMeta.loss` records."""
+    if isinstance(loss_fn, nn.Module):
+        cls = type(loss_fn)
+        return f"{cls.__module__}.{cls.__qualname__}()"
+    return f"{getattr(loss_fn, '__module__', '?')}.{getattr(loss_fn, '__qualname__', repr(loss_fn))}"
+
+
+def loss_from_name(name: str):
+    """The loss function `loss_name` gave ``name``, imported again; None where it cannot be (a
+    lambda, a function defined inside another, a loss module: its arguments are not recorded)."""
+    import importlib
+
+    if name.endswith("()") or "<" in name:
+        return None
+    module, _, attr = name.rpartition(".")
+    while module:
+        try:
+            obj = importlib.import_module(module)
+        except ImportError:
+            module, _, head = module.rpartition(".")
+            attr = f"{head}.{attr}"
+            continue
+        for part in attr.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return None
+        return obj if callable(obj) else None
+    return None
 
 
 def optimizer_state_bytes(param_bytes: int, optimizer: str | None) -> int:
@@ -84,7 +130,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = DEFAULT_GAP,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
-             offload_bandwidth: float | None = None, calibrate: bool = True):
+             offload_bandwidth: float | None = None, calibrate: bool = True, buckets=None):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -94,9 +140,14 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             "labels": ids}``, ids (B, T) int64).  Only shapes and dtypes are used.  The schedule is
             for this batch size B; smaller batches run it too, larger ones are refused.
         budget: bytes (int), ``"6GB"`` (6 x 2^30 bytes), ``"6GiB"``, ``"6000MiB"``, or a
-            percentage of plain PyTorch's simulated peak (``"50%"``), or ``"min"`` (None): the
-            smallest feasible budget the solver finds.  With ``optimizer`` the
-            optimizer's state is taken out of it first, so the budget can be the GPU's size.
+            percentage (``"50%"``) of what plain PyTorch holds: its simulated peak, plus the
+            optimizer's state, accumulated gradients and ``reserved_bytes`` where given; or
+            ``"min"`` (None): the smallest budget found whose recomputation is worth it (normal
+            mode: the smallest within `monet.solver.smallest.KNEE_FACTOR` times the
+            recomputation of the next larger schedule found, the log says what each further MiB
+            would cost; the exact minimum is the one an `InfeasibleBudgetError` names, and
+            ``if_infeasible="smallest"`` solves there).  With ``optimizer`` its state is taken out
+            of the budget first, so the budget can be the GPU's size.
         mode: ``"normal"`` (recompute or keep) or a full-mode string (``"full"``,
             ``"inplace_conv_multiway_newnode"``...: operator implementations chosen too).
         time_limit: seconds for everything after the capture and the costing (both logged with
@@ -138,6 +189,13 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             may then offload kept activations to host memory besides keeping or recomputing them
             (`monet.solver.offload`; mode ``"normal"`` only).  None (default, and on CPU): no
             offload.  `monet.profiling.bandwidth.measure_host_bandwidth` measures it on a GPU.
+        buckets: sequence lengths (e.g. ``[128, 256, 512]``) for batches whose length changes
+            from step to step (a collator padding to each batch's longest): one schedule per
+            bucket, solved at that length for one budget in bytes (a percentage is of the longest
+            bucket's plain peak), each in ``time_limit`` of its own; a batch of length T runs the
+            schedule of the smallest bucket of at least T tokens, a longer one is refused
+            (`monet.buckets`).  The example inputs are cut or padded to each length (dimension 1
+            of every tensor of the first one's length).  Returns a `monet.buckets.BucketedWrapper`.
         calibrate: on the CPU with measured costs (``"hybrid"``, ``"profile"``), time the solved
             schedule against keeping everything and plain PyTorch and predict its overhead from
             its measured recomputation; in full mode, where it measures more than 3 % off, solve
@@ -152,7 +210,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     schedule the first call found, in seconds.
 
     Returns:
-        A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).
+        A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).  With
+        ``buckets``, a `monet.buckets.BucketedWrapper` (``.solutions``, ``.save(prefix)``).
 
     Raises:
         monet.capture.CaptureError: the model cannot be traced (the message names the construct).
@@ -164,7 +223,18 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     """
     from monet.solver.ilp import InfeasibleBudgetError
 
-    with Progress(progress) as bar:
+    if buckets is not None:
+        from monet.buckets import optimize_buckets
+
+        return optimize_buckets(model, example_inputs, buckets, budget, mode=mode, time_limit=time_limit,
+                                loss_fn=loss_fn, target=target, optimizer=optimizer, accumulate_grads=accumulate_grads,
+                                reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
+                                autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
+                                progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
+                                calibrate=calibrate)
+    with warnings.catch_warnings(), Progress(progress) as bar:
+        if not progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
+            warnings.simplefilter("ignore", MonetWarning)
         plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
                        gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True)
         try:
@@ -266,26 +336,33 @@ class Plan:
         if if_infeasible not in ("raise", "smallest"):
             raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
         smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
-        budget_bytes = None if smallest else parse_budget(budget, self.eager_peak_bytes)
         state = optimizer_state_bytes(self.graph.param_bytes, optimizer)
         grads = self.graph.param_bytes if accumulate_grads else 0
         if int(reserved_bytes) < 0:
             raise ValueError(f"reserved_bytes must be >= 0, got {reserved_bytes}")
         reserved = state + grads + int(reserved_bytes)
-        if reserved and smallest:
-            raise ValueError("budget='min' (the smallest feasible budget) leaves nothing to count the "
-                             "optimizer's state, accumulated gradients or reserved bytes against: give a budget")
+        # a percentage is of what plain PyTorch holds: its simulated peak plus what is reserved
+        budget_bytes = None if smallest else parse_budget(budget, self.eager_peak_bytes + reserved)
         if reserved:
             what = " and ".join(w for w, b in ((f"the {optimizer} state", state), ("the accumulated gradients", grads),
                                               ("the reserved bytes", int(reserved_bytes))) if b)
-            if reserved >= budget_bytes:
-                raise ValueError(f"{what} ({reserved} bytes) do not fit the budget ({budget_bytes} bytes)")
-            self._log(f"{what} take {reserved / 2**20:.1f} MiB: the schedule gets "
-                      f"{(budget_bytes - reserved) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget")
-            budget_bytes -= reserved
+            if smallest:
+                self._log(f"{what} take {fmt_size(reserved)}: the budget is the smallest schedule's plus that")
+            elif reserved >= budget_bytes:
+                raise ValueError(
+                    f"{what} ({reserved} bytes, {fmt_size(reserved)}) do not fit the budget ({budget_bytes} bytes, "
+                    f"{fmt_size(budget_bytes)}): a budget must hold them and the schedule's peak; "
+                    + arg(f'budget="min" with optimizer={optimizer!r} gives the smallest schedule and says its total, '
+                          f"or give more than {reserved} bytes",
+                          f"--min-budget gives the smallest schedule, or give more than {reserved} bytes"))
+            else:
+                self._log(f"{what} take {fmt_size(reserved)}: the schedule gets "
+                          f"{fmt_size(budget_bytes - reserved)} of the {fmt_size(budget_bytes)} budget")
+                budget_bytes -= reserved
         from monet.models import input_info
 
-        info = dict(model=self.name, device=self.device, **input_info(self.inputs, None))
+        info = dict(model=self.name, device=self.device, **input_info(self.inputs, None),
+                    loss=loss_name(self.module.loss_fn) if isinstance(self.module, WithLoss) else None)
         t0 = time.perf_counter()
         deadline = Deadline(time_limit)
         calibrating = calibrate and self.calibrates
@@ -304,15 +381,18 @@ class Plan:
                 if if_infeasible != "smallest" or e.min_budget_bytes is None:
                     raise
                 self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
-                sol = solve(self.graph, self.costs, None, mode, deadline=solving, **kw)  # the search kept: at once
+                sol = solve(self.graph, self.costs, None, mode, deadline=solving, knee_min=False,
+                            **kw)  # the search kept: at once
         if calibrating:
             with bar.phase("calibration"):
                 sol = self._calibrated(sol, mode, kw, deadline)
         else:
             bar.skip("calibration")
         overhead = sol.meta.predicted_overhead()
+        total = "" if not reserved else (f" ({fmt_size(sol.meta.predicted_peak_bytes + reserved)} with the "
+                                         f"{fmt_size(reserved)} reserved: {sol.meta.predicted_peak_bytes + reserved} bytes)")
         self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
-                  f"{sol.meta.predicted_peak_bytes / 2**20:.1f} MiB, {sol.schedule.recompute_count()} recomputations"
+                  f"{fmt_size(sol.meta.predicted_peak_bytes)}{total}, {sol.schedule.recompute_count()} recomputations"
                   + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
         return sol
 
@@ -459,11 +539,11 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
             bar.close()
     note = loss_outside_note(graph, eager)
     if note:
-        warnings.warn(note, stacklevel=2)
+        warnings.warn(note, MonetWarning, stacklevel=2)
     from monet.profiling import calibration
 
     return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, bar.enabled,
                 calibrates=calibration.applies(cost, device), capture_s=capture_s, key=key)
 
 
-__all__ = ["CALIBRATED_SOLVE_SHARE", "forget_plans", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]
+__all__ = ["CALIBRATED_SOLVE_SHARE", "forget_plans", "loss_from_name", "loss_name", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -12,7 +12,7 @@ Offloaded values (`monet.offload`) are on the host between ``offload`` and ``pre
 outputs of ``offload`` / ``offload_done`` and the backward module's host inputs count 0 bytes,
 ``prefetch`` allocates the value again, ``fetched`` is an alias of it.
 
-Peak memory here is the quantity DESIGN.md measures: bytes allocated by tensors during one forward
+Peak memory here is the quantity docs/design.md ("Measuring") measures: bytes allocated by tensors during one forward
 plus backward, after warm-up, with parameter gradients set to None beforehand.
 
 `schedule_peak` is the one peak function of a schedule: every other peak is derived from it

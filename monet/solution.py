@@ -158,6 +158,11 @@ class SolutionMeta:
             the model's factory.  Files written before this field existed load with None.
         offload_bandwidth: bytes per second (each direction) the offload to host memory was
             planned for (`solver.offload`); None: no offload (and files written before it).
+        loss: the loss function traced with the model (``monet.optimize(..., loss_fn=)``, the
+            graph is then that of `monet.WithLoss`), by its importable name, e.g.
+            ``"torch.nn.functional.cross_entropy"`` (`monet.plan.loss_name`); None: the model's
+            own output (a transformers model given labels computes its loss inside), and files
+            written before it.  `MONeTWrapper` rebuilds ``WithLoss`` from it.
     """
     model: str
     batch_size: int
@@ -186,6 +191,7 @@ class SolutionMeta:
     autocast: tuple[str, str] | None = None
     inputs_spec: str | None = None  # a class attribute too: old pickles without the field read None
     offload_bandwidth: float | None = None  # likewise
+    loss: str | None = None  # likewise
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -204,6 +210,7 @@ class SolutionMeta:
             setattr(self, name, str(getattr(self, name)))
         self.graph_summary = [str(line) for line in self.graph_summary]
         self.inputs_spec = None if self.inputs_spec is None else str(self.inputs_spec)
+        self.loss = None if self.loss is None else str(self.loss)
         recorded = mixed_precision.from_summary(self.graph_summary)
         if self.autocast is not None and mixed_precision.normalize(self.autocast) != recorded:
             raise ValueError(f"autocast {self.autocast!r} disagrees with the graph, which was captured with "

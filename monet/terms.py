@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings  # noqa: F401 - MonetWarning's users import it from here
+
+class MonetWarning(UserWarning):
+    """The category of the notes monet raises itself through `warnings` (docs/guide.md, "Errors
+    and warnings"): a transformers model trained with ``use_cache=False`` added; a model whose
+    outputs hold no loss, so that the loss computed from them is outside the budget; a model
+    that cannot be copied for timing; a timed iteration that ran out of memory.  Shown once
+    each, as Python shows warnings; ``monet.optimize(..., progress=False)`` shows none during the
+    call; ``warnings.filterwarnings("ignore", category=monet.MonetWarning)`` silences them."""
+
 
 _TERMS: contextvars.ContextVar[str] = contextvars.ContextVar("monet_terms", default="python")
 
@@ -21,6 +31,15 @@ def cli_terms():
         yield
     finally:
         _TERMS.reset(token)
+
+
+def fmt_size(nbytes) -> str:
+    """Bytes for a message: in GiB from 1 GiB up (3 decimals), else in MiB (2 decimals); "-" for
+    None.  Two budgets a message compares, 3.97 and 4.71 MB, read "3.79 MiB" and "4.49 MiB", not
+    both "0.004 GiB"."""
+    if nbytes is None:
+        return "-"
+    return f"{nbytes / 2**30:.3f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
 
 
 def arg(python: str, cli: str) -> str:

@@ -25,7 +25,7 @@ def _boxed_backward(gm, _example_inputs):
     return gm  # build_modules already gave it the boxed calling convention
 
 
-MAX_TRACES = 4  # traced graphs a ScheduledModule keeps (full and last batch, per autocast setting)
+MAX_TRACES = 16  # traced graphs a ScheduledModule keeps (full and last batch, sequence lengths, autocast settings)
 MAX_CHECKED = 64  # call keys whose inputs a MONeTWrapper has checked against its solution
 
 
@@ -138,6 +138,32 @@ def _call_inputs(module: nn.Module, args, kwargs) -> ExampleInputs:
     return training_inputs(module.model, ExampleInputs(args, kwargs), module.__dict__["_cache_owner"])
 
 
+def _smaller(shape, made) -> bool:
+    """``shape`` has ``made``'s rank, is no larger in any dimension and differs from it."""
+    shape, made = tuple(shape), tuple(made)
+    return len(shape) == len(made) and shape != made and all(a <= b for a, b in zip(shape, made))
+
+
+def _with_recorded_loss(model: nn.Module, meta) -> nn.Module:
+    """``model`` in `monet.WithLoss` with the loss ``meta.loss`` names (the solution traced it), or
+    ``model`` itself where it records none or ``model`` is a ``WithLoss`` already.
+
+    Raises:
+        SolutionMismatchError: the recorded loss cannot be imported by its name."""
+    from monet.plan import WithLoss, loss_from_name
+
+    name = getattr(meta, "loss", None)
+    if name is None or isinstance(model, WithLoss):
+        return model
+    fn = loss_from_name(name)
+    if fn is None:
+        raise SolutionMismatchError(
+            f"the solution was solved with the loss {name} traced with the model, which cannot be imported by "
+            "that name: pass the model with its loss, MONeTWrapper(WithLoss(model, loss_fn), solution) "
+            "(from monet import WithLoss)")
+    return WithLoss(model, fn)
+
+
 def same_structure(ours: list[str], theirs: list[str]) -> bool:
     """True when two graph summaries differ at most in their sizes: the same ops in the same order
     reading the same nodes (`OpGraph.summary` lines with every number but node references blanked)."""
@@ -181,15 +207,31 @@ class MONeTWrapper(nn.Module):
     (`AutocastMismatchError`): the wrapper does not enter or leave autocast itself, so the output's
     dtype and what the caller's loss and GradScaler see are what the plain model gives.
 
+    A loss traced with the model (``monet.optimize(..., loss_fn=F.cross_entropy, target=y)``) is
+    recorded in the solution by name (``solution.meta.loss``): the wrapper puts the model in
+    `monet.WithLoss` with that function again and is called as ``wrapper(x, target=y)``,
+    returning the loss.
+
+    Example::
+
+        model = MONeTWrapper(net, "net.monet")        # solved by monet.optimize or monet solve
+        loss = model(x, target=y)                      # or model(**batch).loss, as it was solved
+        loss.backward(); opt.step(); opt.zero_grad()
+
     Args:
-        model: the ``nn.Module`` the solution was made for.
+        model: the ``nn.Module`` the solution was made for (not a `WithLoss` of it: see above;
+            a `WithLoss` given is used as it is).
         solution: path of a solution file, ``"zoo:NAME"`` for a prebuilt one, or a `Solution`.
-        input_shape: shape of one sample without the batch dimension, e.g. (3, 224, 224).
+        input_shape: optional: the shape of one sample without the batch dimension, e.g.
+            (3, 224, 224), checked against the solution's at once (default: the solution's own;
+            the first training call checks the inputs either way).
 
     Raises:
         monet.solution.SolutionFileError: the file is missing, corrupt or not a monet solution.
         monet.solution.SolutionMismatchError: (on construction) the input shape differs from the
-            solution's; (on the first call) the batch size, dtype or traced graph differs.
+            solution's, or its recorded loss cannot be imported by name (the message says to pass
+            ``WithLoss(model, loss_fn)``); (on the first call) the batch size, dtype or traced
+            graph differs.
         monet.solution.AutocastMismatchError: (on a training call; also a RuntimeError) the
             autocast setting in force differs from the one the solution was solved for.
         TypeError: ``model`` is a ``torch.compile`` result (wrap the original model instead).
@@ -210,8 +252,9 @@ class MONeTWrapper(nn.Module):
         if not isinstance(solution, Solution):
             solution = load_solution(solution)
         self.solution = solution
+        model = _with_recorded_loss(model, solution.meta)
         self.input_shape = solution.meta.input_shape if input_shape is None else tuple(int(s) for s in input_shape)
-        if self.input_shape != solution.meta.input_shape:
+        if self.input_shape != solution.meta.input_shape and not _smaller(self.input_shape, solution.meta.input_shape):
             check_compatible(solution.meta, solution.meta.fingerprint, solution.meta.graph_summary,
                              batch_size=solution.meta.batch_size, input_shape=self.input_shape,
                              dtype=solution.meta.dtype)
@@ -229,23 +272,26 @@ class MONeTWrapper(nn.Module):
 
     def _check_graph(self, graph):
         meta = self.solution.meta
-        batch = int(graph.input_shape[0]) if graph.input_shape else meta.batch_size
-        if batch < meta.batch_size and graph.fingerprint != meta.fingerprint:
-            # a smaller batch (an epoch's last): the same schedule runs if the graph is the same but
-            # for its sizes; every activation is then smaller, and so is the schedule's peak
+        shape = tuple(graph.input_shape) if graph.input_shape else (meta.batch_size, *meta.input_shape)
+        made = (meta.batch_size, *meta.input_shape)
+        if _smaller(shape, made) and graph.fingerprint != meta.fingerprint:
+            # a smaller batch (an epoch's last) or a shorter sequence (a batch padded to its longest):
+            # the same schedule runs if the graph is the same but for its sizes; every activation is
+            # then smaller, and so is the schedule's peak
             if (same_structure(meta.graph_summary, graph.summary)
                     and (len(graph.fwd), len(graph.bwd)) == (meta.n_fwd, meta.n_bwd)):
                 return
             raise SolutionMismatchError(
-                f"the solution was made for batch {meta.batch_size}; at batch {batch} this model's graph "
-                f"is not the same graph with smaller sizes (other operators), so its schedule cannot run "
-                f"it: solve for batch {batch} too, or drop the last incomplete batch (drop_last=True)")
+                f"the solution was made for inputs {made}; at {shape} this model's graph is not the same graph "
+                f"with smaller sizes (other operators), so its schedule cannot run it: solve for {shape} too "
+                "(for a smaller last batch: or drop it, drop_last=True)")
         check_compatible(meta, graph.fingerprint, graph.summary, batch_size=meta.batch_size,
                          input_shape=meta.input_shape, dtype=meta.dtype, nodes=(len(graph.fwd), len(graph.bwd)))
 
     def _check_inputs(self, inputs: ExampleInputs) -> None:
-        """`SolutionMismatchError` unless the call fits the solution: the same sample shape and dtype
-        of the first input, and a batch no larger than the solution's."""
+        """`SolutionMismatchError` unless the call fits the solution: the first input's dtype and
+        rank, a batch no larger than the solution's, and a sample shape no larger in any dimension
+        (a shorter sequence runs the same schedule, as a smaller batch does: checked on the graph)."""
         meta = self.solution.meta
         x = inputs.first
         batch = inputs.batch_size
@@ -256,8 +302,16 @@ class MONeTWrapper(nn.Module):
                 f"the solution was made for batch {meta.batch_size}, called with batch {inputs.batch_size}: "
                 f"a larger batch needs more memory than the schedule was solved for; solve for batch "
                 f"{inputs.batch_size}")
+        sample = tuple(x.shape[1:])
+        if _smaller(sample, meta.input_shape):
+            sample = tuple(meta.input_shape)  # shorter: runs the same schedule (checked on the graph)
+        elif len(sample) == len(meta.input_shape) and any(a > b for a, b in zip(sample, meta.input_shape)):
+            raise SolutionMismatchError(
+                f"the solution was made for inputs of shape {tuple(meta.input_shape)} per sample, called with "
+                f"{tuple(x.shape[1:])}: larger inputs need more memory than the schedule was solved for; solve "
+                f"for {tuple(x.shape[1:])} (for sequences of varying length: monet.optimize(..., buckets=[...]))")
         check_compatible(meta, meta.fingerprint, meta.graph_summary, batch_size=batch,
-                         input_shape=tuple(x.shape[1:]), dtype=str(x.dtype))
+                         input_shape=sample, dtype=str(x.dtype))
 
     def _check_autocast(self, x: torch.Tensor):
         """The autocast setting in force for ``x``'s device; `AutocastMismatchError` unless it is
@@ -274,6 +328,12 @@ class MONeTWrapper(nn.Module):
         return running
 
     def forward(self, *args, **kwargs):
+        """The model's forward on ``args`` and ``kwargs``, as the model is called (a batch of at
+        most the solution's batch size; a smaller one, an epoch's last, runs the same schedule),
+        and with ``target=`` where the solution traced a loss.  Returns what the model returns
+        (its loss where a loss was traced): in training mode with gradients enabled from the
+        scheduled graphs, whose backward recomputes what the schedule dropped; otherwise from the
+        model itself."""
         if not (self.training and torch.is_grad_enabled()):
             return self.model(*args, **kwargs)
         return self._scheduled(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""The methods MONeT is compared with (DESIGN.md, "Measuring"; ``monet demo`` and the benchmarks),
+"""The methods MONeT is compared with (docs/design.md, "Measuring"; ``monet demo`` and the benchmarks),
 each a module that trains the same model.
 
 * `chen_sqrt_checkpoint`: Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost"):

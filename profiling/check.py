@@ -1,6 +1,6 @@
 """Checks of a schedule against plain PyTorch: gradients, measured peak memory and overhead.
 
-One training iteration, as DESIGN.md ("Measuring") defines it: parameter gradients set to None,
+One training iteration, as docs/design.md ("Measuring") defines it: parameter gradients set to None,
 ``y = model(x); y.backward(g)`` with ``g`` allocated beforehand, no optimizer step.  ``x`` may be
 any inputs `monet.inputs.ExampleInputs.of` takes (keyword arguments of a language model ...); a
 model whose output is not a tensor (a ``ModelOutput`` or dict with a ``loss``) has ``g = None``
@@ -165,7 +165,7 @@ def grad_rel_error(a: dict, b: dict) -> float:
     """Relative error of all gradients together: ||a - b||_2 / ||b||_2 over the concatenation of
     every tensor (inf if the keys differ).
 
-    This is the criterion of "gradients within 1e-5 of PyTorch's" (DESIGN.md) when a schedule runs
+    This is the criterion of "gradients within 1e-5 of PyTorch's" (docs/design.md, "What must stay true") when a schedule runs
     other kernels: a per-tensor ratio would divide rounding noise by gradients that are zero in
     exact arithmetic (a convolution's bias in front of BatchNorm).
     """
@@ -177,7 +177,7 @@ def grad_rel_error(a: dict, b: dict) -> float:
 
 
 def comparison_numerics(device):
-    """The numerics both sides of a gradient comparison run under on ``device`` (DESIGN.md, "What
+    """The numerics both sides of a gradient comparison run under on ``device`` (docs/design.md, "What
     must stay true"): on CUDA full fp32 (`monet.compat.strict_fp32`: TF32 off for cuDNN
     convolutions, which torch 2.11-2.15 run in TF32 by default, and for cuBLAS matmuls), so that
     a schedule running another convolution algorithm than plain PyTorch (full mode's
@@ -206,14 +206,14 @@ def compare_gradients(make_plain, make_wrapped, x, g: torch.Tensor | None, seed:
 
 def interleaved_medians(iterate_a, iterate_b, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, float]:
     """Median seconds of ``iterate_a()`` and of ``iterate_b()``, each called ``warmup`` times and then
-    ``repeats`` times alternately (a, b, a, b ...) in this process (DESIGN.md, "Measuring")."""
+    ``repeats`` times alternately (a, b, a, b ...) in this process (docs/design.md, "Measuring")."""
     a, b = interleaved_medians_of((iterate_a, iterate_b), repeats, warmup, device)
     return a, b
 
 
 def interleaved_medians_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, ...]:
     """Median seconds of each of ``iterates`` (callables), each called ``warmup`` times and then
-    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring")."""
+    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (docs/design.md, "Measuring")."""
     return tuple(statistics.median(t) for t in interleaved_times_of(iterates, repeats, warmup, device))
 
 
@@ -240,7 +240,7 @@ def interleaved_times_of(iterates, repeats: int = 5, warmup: int = 1, device="cp
                          clock=time.perf_counter) -> list[list[float]]:
     """Seconds of every timed call of each of ``iterates`` (callables; one list per callable, of
     ``repeats`` floats, the i-th of each from the same turn), each called ``warmup`` times and then
-    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (DESIGN.md, "Measuring").
+    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (docs/design.md, "Measuring").
     ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time, which the
     other jobs of a shared machine move less (on the CPU only: a GPU's work is not in it)."""
     for _ in range(warmup):
@@ -325,7 +325,7 @@ def step_overhead(plain: nn.Module, candidate: nn.Module, inputs, repeats: int =
 
 def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:
     """Peak bytes of one training iteration ``loss_fn(model(*inputs)).backward()`` after one
-    warm-up iteration, parameter gradients None at the start (DESIGN.md, "Measuring"); ``inputs``
+    warm-up iteration, parameter gradients None at the start (docs/design.md, "Measuring"); ``inputs``
     as `monet.inputs.ExampleInputs.of` takes them."""
     inputs, _ = _inputs(inputs)
 

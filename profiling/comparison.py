@@ -1,5 +1,5 @@
 """One training method measured against plain PyTorch (``monet demo``'s rows): measured peak,
-overhead and a gradient check, each as `monet.profiling.check` defines it (DESIGN.md, "Measuring").
+overhead and a gradient check, each as `monet.profiling.check` defines it (docs/design.md, "Measuring").
 
 A method is a module that trains the same model from the same weights: plain PyTorch itself, a
 `MONeTWrapper`, Chen's checkpointing or ``torch.compile`` (`monet.profiling.baselines`).

@@ -1,7 +1,7 @@
 """Per-node costs: the table the solver reads, the analytic cost model, and the solver's arrays.
 
 A **cost table** is a ``pandas.DataFrame`` with one row per (node, implementation) of an `OpGraph`
-(DESIGN.md, "Data flow", step 2).  Its columns (`COLUMNS`, dtypes in `DTYPES`):
+(docs/design.md, "Data flow", step 2).  Its columns (`COLUMNS`, dtypes in `DTYPES`):
 
 ========================  =====================================================================
 ``kind``                  ``"fwd"`` or ``"bwd"``

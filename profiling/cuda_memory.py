@@ -1,6 +1,6 @@
 """What CUDA's allocated bytes hold beyond the graph's tensors, from PyTorch's sources (torch 2.11-2.15).
 
-``torch.cuda.max_memory_allocated`` (DESIGN.md, "Measuring") is the peak of the caching allocator's
+``torch.cuda.max_memory_allocated`` (docs/design.md, "Measuring") is the peak of the caching allocator's
 ``allocated_bytes`` statistic.  Three things put it above the sum of the tensors' ``nbytes`` that
 `monet.simulate` and the ILP (`monet.solver.memory_model`) counted before this module:
 

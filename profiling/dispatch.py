@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from monet import mixed_precision
 from monet.graph import OpGraph
+from monet.terms import MonetWarning
 
 #: iterations of each side: discarded (the executor's first traces the model), then timed
 #: alternately, at least `REPEATS` and about `TARGET_S` seconds per side, at most `MAX_REPEATS`
@@ -54,7 +55,7 @@ def own_copy(model: nn.Module) -> nn.Module:
         return copy.deepcopy(model)
     except Exception as e:  # noqa: BLE001 - any failure to copy: time on the shared parameters
         warnings.warn(f"cannot copy {type(model).__name__} for timing ({type(e).__name__}: {e}); "
-                      "timing the schedules on its own parameters, which is noisier", stacklevel=2)
+                      "timing the schedules on its own parameters, which is noisier", MonetWarning, stacklevel=2)
         return model
 
 
@@ -312,7 +313,7 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
         if isinstance(e, RuntimeError) and "allocate" not in str(e):
             raise
         warnings.warn(f"a training iteration ran out of memory ({e}); the costs count the operators' own "
-                      "times only, and the predicted overhead may be low", stacklevel=2)
+                      "times only, and the predicted overhead may be low", MonetWarning, stacklevel=2)
         return None
     between = between_operators_s(measured["executor_iteration_s"], table)
     scale = operator_scale(measured["executor_iteration_s"], table)

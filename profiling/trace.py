@@ -72,7 +72,7 @@ with (``"profile <file>"``, ``"analytic"``), whose numbers are copied into the f
 
 **Comparing** (`compare`): per row, measured minus simulated bytes after the node and while it runs;
 the first row where either differs by more than the tolerance is where the memory model and the
-allocator part; the peaks of the iteration are compared as DESIGN.md promises (within 2 %).
+allocator part; the peaks of the iteration are compared as docs/design.md ("What must stay true") promises (within 2 %).
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ __all__ = ["FORMAT", "VERSION", "SCOPE", "PEAK_TOLERANCE", "Trace", "TraceFormat
 FORMAT = "monet-trace"
 VERSION = 1
 SCOPE = "monet::"  # record_function / allocator metadata prefix of a node's row
-PEAK_TOLERANCE = 0.02  # DESIGN.md: predicted peak within 2 % of measured
+PEAK_TOLERANCE = 0.02  # docs/design.md, "What must stay true": predicted peak within 2 % of measured
 ENV_KEYS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
             "TORCH_CUBLASLT_UNIFIED_WORKSPACE", "TORCH_CUDNN_V8_API_DISABLED")
 MEASURED = ["gap_peak_bytes", "before_bytes", "peak_bytes", "after_bytes"]

@@ -23,14 +23,14 @@ workspace stays in its own row).  Objective: recomputation time (forward and bac
 in ``normal`` mode).
 
 With implementation options (`solver.choices`; MONeT's ``conv``/``multiway``/``newnode`` modes)
-one-hot ``M[o]`` picks one option per choice, once per node (not per stage, as DESIGN.md asks);
+one-hot ``M[o]`` picks one option per choice, once per node (not per stage: a choice per stage multiplies the variables for no schedule the executor can run);
 a stage's reads under option o hold only if ``M[o]`` (``R + S >= M[o]``); an option's own values are
 kept only under it (``S <= M[o]``); the memory rows gain ``fwd_opt @ M`` and ``bwd_opt @ M``; a
 choice node's recomputation workspace and time are linearised exactly with ``Wr >= ws_o (R + M[o] - 1)``
 and ``Q >= t_o (R + M[o] - 1)``; the objective adds each chosen option's forward and backward time.
 
-Only variables that are likely to matter are created (DESIGN.md, "drop R[t,i] that can never be
-useful"): ``R[t, i]`` exists only if stage t could need node i (i is read by the stage or an ancestor
+Only variables that are likely to matter are created (an R[t, i] that can never be useful is
+dropped): ``R[t, i]`` exists only if stage t could need node i (i is read by the stage or an ancestor
 of what it reads) and ``S[t, i]`` only if some stage from t on could need it.  This is a
 restriction, not an exact reduction: recomputing a node early, while its inputs are still kept, and
 keeping it for a later stage can be cheaper (`tests/test_solver_fast_path.py` measures the loss
@@ -61,7 +61,7 @@ from monet.solver.repair import (drop_greedily, improve, repaired_candidates, ro
                                  smallest_candidate)
 from monet.solver.structured import structured_candidates
 from monet.solver.windows import drop_windows
-from monet.terms import arg
+from monet.terms import arg, fmt_size
 
 SOLVERS = {"CBC": cp.CBC, "HIGHS": cp.HIGHS, "SCIP": cp.SCIP}
 # Above this many variables CBC found no schedule better than its start within a minute on 2
@@ -84,19 +84,19 @@ class InfeasibleBudgetError(ValueError):
         self.budget_bytes = budget
         self.min_budget_bytes = min_budget
         self.lower_bytes = lower_bytes
-        gib = 2 ** 30
         if min_budget is None:
-            msg = f"no schedule fits a budget of {budget} bytes ({budget / gib:.3f} GiB) in mode {mode}"
+            msg = f"no schedule fits a budget of {budget} bytes ({fmt_size(budget)}) in mode {mode}"
         else:
             word = "smallest feasible budget" if exact else "smallest budget found feasible"
-            how = arg(f'budget={min_budget}, or budget="min" (if_infeasible="smallest" solves there instead of '
-                      "raising; the search is kept, so either returns at once)",
+            how = arg(f'budget={min_budget} (if_infeasible="smallest" solves there instead of raising), or '
+                      'budget="min" for the smallest budget whose recomputation is worth it (at or above this one; '
+                      "the search is kept, so either returns soon)",
                       f"--budget {min_budget} or --min-budget")
-            msg = (f"no schedule fits a budget of {budget} bytes ({budget / gib:.3f} GiB) in mode {mode}; "
-                   f"the {word} is {min_budget} bytes ({min_budget / gib:.3f} GiB): use {how}")
+            msg = (f"no schedule fits a budget of {budget} bytes ({fmt_size(budget)}) in mode {mode}; "
+                   f"the {word} is {min_budget} bytes ({fmt_size(min_budget)}): use {how}")
         if lower_bytes is not None and budget < lower_bytes:
             msg += (f" (infeasible: in the ILP's memory model no schedule fits below {int(lower_bytes)} bytes, "
-                    f"{lower_bytes / gib:.3f} GiB, by its LP relaxation)")
+                    f"{fmt_size(lower_bytes)}, by its LP relaxation)")
         super().__init__(msg)
 
 
@@ -160,155 +160,227 @@ class Problem:
     R is (T, N) over forward nodes; S is (T, G) over the memory model's groups (a node's values
     read by backward nodes, and those read only by recomputations).  Without ``recompute_rows``
     the memory rows per recomputed node are left out (a relaxation: `lp_relaxation`'s bound).
+
+    The ILP is built one constraint family per method, as Checkmate's ``ILPSolver`` does
+    (Jain et al., MLSys 2020): `_variables`, then correctness (`_reads`, `_keeps`, `_inputs`,
+    `_choices`), memory (`_forward_memory` with `_rng_states` and `_offload`, `_backward_memory`
+    with `_recompute_rows`) and the objective (`_objective`).  Each appends to ``cons``; the memory
+    families leave ``fwd_mem`` and ``bwd_rows`` for `memory_constraints`.
     """
 
     def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False,
                  prune: bool = True, recompute_rows: bool = True):
         t0 = time.perf_counter()
+        self.graph, self.mem = graph, mem
         N, T, G, O = len(graph.fwd), len(graph.bwd), len(mem.groups), mem.n_options
         self.N, self.T, self.G, self.O, self.mode = N, T, G, O, mode
-        gnode = mem.group_node
+        self.reads, self.allow_r, self.allow_s = allowed(graph, mem, mode, prune)
+        self.cons = []
+        self._variables(relax)
+        self._reads()
+        self._keeps()
+        self._inputs()
+        self._choices()
+        # memory, in units of `scale` bytes so that coefficients are near 1 (byte counts of 1e9
+        # next to 0/1 variables make the LP badly conditioned: slow and inaccurate)
+        self.scale = float(max(mem.bwd_const.max(), mem.fwd_const.max(), 1.0))
+        self.budget_var = cp.Variable(nonneg=True, name="budget")
+        rng_u = self._forward_memory(relax)
+        self._backward_memory(rng_u, recompute_rows)
+        self._objective(recompute_s)
+        self.build_time_s = time.perf_counter() - t0
+
+    # -- variables ---------------------------------------------------------------------------
+
+    def _variables(self, relax: bool) -> None:
+        """R, S (only where `allowed`), M (one per implementation option), as cvxpy variables,
+        and their flat (T * N), (T * G) and (O,) expressions ``Rf``, ``Sf``, ``Mv``."""
+        T, N, G, O = self.T, self.N, self.G, self.O
+        self.r_idx = np.flatnonzero(self.allow_r.ravel())
+        self.s_idx = np.flatnonzero(self.allow_s.ravel())
+        self.kind = {"bounds": [0, 1]} if relax else {"boolean": True}  # relax: the LP relaxation
+        self.r = cp.Variable(len(self.r_idx), name="R", **self.kind) if len(self.r_idx) else None
+        self.s = cp.Variable(len(self.s_idx), name="S", **self.kind) if len(self.s_idx) else None
+        self.m = cp.Variable(O, name="M", **self.kind) if O else None
+        self.TN, self.TG = T * N, T * G
+        PR = sp.csr_matrix((np.ones(len(self.r_idx)), (self.r_idx, np.arange(len(self.r_idx)))),
+                           shape=(self.TN, max(len(self.r_idx), 1)))
+        PS = sp.csr_matrix((np.ones(len(self.s_idx)), (self.s_idx, np.arange(len(self.s_idx)))),
+                           shape=(self.TG, max(len(self.s_idx), 1)))
+        self.Rf = PR @ self.r if self.r is not None else np.zeros(self.TN)
+        self.Sf = PS @ self.s if self.s is not None else np.zeros(self.TG)
+        self.Mv = self.m if self.m is not None else np.zeros(max(O, 1))
+
+    @staticmethod
+    def sel(idx, width, weights=None):
+        """Sparse (len(idx), width) matrix picking entries idx of a flat vector."""
+        w = np.ones(len(idx)) if weights is None else weights
+        return sp.csr_matrix((w, (np.arange(len(idx)), idx)), shape=(len(idx), max(width, 1)))
+
+    # -- correctness -------------------------------------------------------------------------
+
+    def _reads(self) -> None:
+        """1. Backward node t reads group g: kept, or its node recomputed in the stage (if its
+        option is chosen).  Reads under several options of one choice share one row, R + S >= the
+        sum of their M (the options exclude each other, so the sum is 1 exactly when one of them
+        is chosen): a row per option (R + S >= M[o]) let the LP relaxation split M evenly over the
+        five convolution backward options of ResNet-50 and keep each input at S = 0.2, a bound at
+        70 % of the plain peak equal to the no-recomputation time (0.6139 s, where the
+        implementations fixed gave 0.6251 s)."""
+        mem, N, G, sel = self.mem, self.N, self.G, self.sel
         rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
-        reads, allow_r, allow_s = allowed(graph, mem, mode, prune)
-        eg, ej = mem.read_edges[:, 0], mem.read_edges[:, 1]  # forward node ej reads group eg
-        self.reads, self.allow_r, self.allow_s = reads, allow_r, allow_s
-
-        r_idx = np.flatnonzero(allow_r.ravel())
-        s_idx = np.flatnonzero(allow_s.ravel())
-        self.r_idx, self.s_idx = r_idx, s_idx
-        kind = {"bounds": [0, 1]} if relax else {"boolean": True}  # relax: the LP relaxation
-        self.r = cp.Variable(len(r_idx), name="R", **kind) if len(r_idx) else None
-        self.s = cp.Variable(len(s_idx), name="S", **kind) if len(s_idx) else None
-        self.m = cp.Variable(O, name="M", **kind) if O else None
-        TN, TG = T * N, T * G
-        PR = sp.csr_matrix((np.ones(len(r_idx)), (r_idx, np.arange(len(r_idx)))), shape=(TN, max(len(r_idx), 1)))
-        PS = sp.csr_matrix((np.ones(len(s_idx)), (s_idx, np.arange(len(s_idx)))), shape=(TG, max(len(s_idx), 1)))
-        Rf = PR @ self.r if self.r is not None else np.zeros(TN)
-        Sf = PS @ self.s if self.s is not None else np.zeros(TG)
-        Mv = self.m if self.m is not None else np.zeros(max(O, 1))
-
-        def sel(idx, width, weights=None):
-            """Sparse (len(idx), width) matrix picking entries idx of a flat vector."""
-            w = np.ones(len(idx)) if weights is None else weights
-            return sp.csr_matrix((w, (np.arange(len(idx)), idx)), shape=(len(idx), max(width, 1)))
-
-        cons = []
-        # 1. backward node t reads group g: kept, or its node recomputed in the stage (if its option
-        # is chosen).  Reads under several options of one choice share one row, R + S >= the sum
-        # of their M (the options exclude each other, so the sum is 1 exactly when one of them is
-        # chosen): a row per option (R + S >= M[o]) let the LP relaxation split M evenly over the
-        # five convolution backward options of ResNet-50 and keep each input at S = 0.2, a bound
-        # at 70 % of the plain peak equal to the no-recomputation time (0.6139 s, where the
-        # implementations fixed gave 0.6251 s)
+        gnode = mem.group_node
         uncond = ro < 0
         if uncond.any():
             tt, gg = rt[uncond], rg[uncond]
-            cons.append(sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf >= 1)
+            self.cons.append(sel(tt * N + gnode[gg], self.TN) @ self.Rf + sel(tt * G + gg, self.TG) @ self.Sf >= 1)
         if (~uncond).any():
             choice = np.array([mem.options[o].choice for o in ro[~uncond]])
             keys, row = np.unique(np.stack([rt[~uncond], rg[~uncond], choice], axis=1), axis=0, return_inverse=True)
             tt, gg = keys[:, 0], keys[:, 1]
-            pick = sp.csr_matrix((np.ones(len(row)), (row.ravel(), ro[~uncond])), shape=(len(keys), max(O, 1)))
+            pick = sp.csr_matrix((np.ones(len(row)), (row.ravel(), ro[~uncond])), shape=(len(keys), max(self.O, 1)))
             pick.data[:] = 1.0  # an option read twice in the same row counts once
-            cons.append(sel(tt * N + gnode[gg], TN) @ Rf + sel(tt * G + gg, TG) @ Sf >= pick @ Mv)
-        # 2. keep only what was there: S[t+1, g] <= S[t, g] + R[t, node(g)]
-        tt, gg = np.nonzero(allow_s[1:])
+            self.cons.append(sel(tt * N + gnode[gg], self.TN) @ self.Rf + sel(tt * G + gg, self.TG) @ self.Sf
+                             >= pick @ self.Mv)
+
+    def _keeps(self) -> None:
+        """2. Keep only what was there: S[t+1, g] <= S[t, g] + R[t, node(g)]."""
+        N, G, sel = self.N, self.G, self.sel
+        tt, gg = np.nonzero(self.allow_s[1:])
         if len(tt):
-            cons.append(sel((tt + 1) * G + gg, TG) @ Sf <= sel(tt * G + gg, TG) @ Sf + sel(tt * N + gnode[gg], TN) @ Rf)
-        # 3. a recomputed node's inputs are there: R[t, j] <= R[t, node(g)] + S[t, g]
+            self.cons.append(sel((tt + 1) * G + gg, self.TG) @ self.Sf
+                             <= sel(tt * G + gg, self.TG) @ self.Sf
+                             + sel(tt * N + self.mem.group_node[gg], self.TN) @ self.Rf)
+
+    def _inputs(self) -> None:
+        """3. A recomputed node's inputs are there: R[t, j] <= R[t, node(g)] + S[t, g]."""
+        mem, N, G, sel = self.mem, self.N, self.G, self.sel
+        eg, ej = mem.read_edges[:, 0], mem.read_edges[:, 1]  # forward node ej reads group eg
         if len(eg) and self.r is not None:
-            tt, ee = np.nonzero(allow_r[:, ej])
+            tt, ee = np.nonzero(self.allow_r[:, ej])
             if len(tt):
-                cons.append(sel(tt * N + ej[ee], TN) @ Rf
-                            <= sel(tt * N + gnode[eg[ee]], TN) @ Rf + sel(tt * G + eg[ee], TG) @ Sf)
-        if O:
-            # 3b. one implementation per choice; an option's own values are kept only under it
-            C = sp.csr_matrix((np.ones(O), ([mem.options[o].choice for o in range(O)], np.arange(O))),
-                              shape=(len(mem.choices), O))
-            cons.append(C @ Mv == 1)
-            tt, gg = np.nonzero(allow_s & (mem.group_option[None, :] >= 0))
-            if len(tt):
-                cons.append(sel(tt * G + gg, TG) @ Sf <= sel(mem.group_option[gg], O) @ Mv)
-        # 4. memory, in units of `scale` bytes so that coefficients are near 1 (byte counts of 1e9
-        # next to 0/1 variables make the LP badly conditioned: slow and inaccurate)
-        self.scale = scale = float(max(mem.bwd_const.max(), mem.fwd_const.max(), 1.0))
-        self.budget_var = cp.Variable(nonneg=True, name="budget")
+                self.cons.append(sel(tt * N + ej[ee], self.TN) @ self.Rf
+                                 <= sel(tt * N + mem.group_node[eg[ee]], self.TN) @ self.Rf
+                                 + sel(tt * G + eg[ee], self.TG) @ self.Sf)
+
+    def _choices(self) -> None:
+        """3b. One implementation per choice; an option's own values are kept only under it."""
+        mem, G, O = self.mem, self.G, self.O
+        if not O:
+            return
+        C = sp.csr_matrix((np.ones(O), ([mem.options[o].choice for o in range(O)], np.arange(O))),
+                          shape=(len(mem.choices), O))
+        self.cons.append(C @ self.Mv == 1)
+        tt, gg = np.nonzero(self.allow_s & (mem.group_option[None, :] >= 0))
+        if len(tt):
+            self.cons.append(self.sel(tt * G + gg, self.TG) @ self.Sf <= self.sel(mem.group_option[gg], O) @ self.Mv)
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def _forward_memory(self, relax: bool):
+        """4. The forward pass's rows ``fwd_mem`` (N,): constants, kept groups, options, the
+        generator states (`_rng_states`) and the offloaded groups (`_offload`); returns the
+        generator states' term, which every backward stage holds too."""
+        mem, G, O, scale = self.mem, self.G, self.O, self.scale
         fwd = mem.fwd_const / scale
         if self.s is not None:
-            fwd = fwd + sp.csr_matrix(mem.fwd_keep / scale) @ Sf[:G]
+            fwd = fwd + sp.csr_matrix(mem.fwd_keep / scale) @ self.Sf[:G]
         if O:
-            fwd = fwd + sp.csr_matrix(mem.fwd_opt / scale) @ Mv
-        # generator states of recomputed random nodes (`monet.rng`): Z[i] >= R[t, i], their bytes
-        # from node i on in the forward pass and through every stage
-        rng_bytes = mem.rng_state_bytes if mem.rng_state_bytes is not None else np.zeros(N)
-        zi = np.flatnonzero((rng_bytes > 0) & allow_r.any(axis=0))
-        rng_u = 0.0
-        if len(zi):
-            Z = cp.Variable(len(zi), nonneg=True, name="Z")
-            tt, kk = np.nonzero(allow_r[:, zi])
-            cons.append(sel(kk, len(zi)) @ Z >= sel(tt * N + zi[kk], TN) @ Rf)
-            after = (np.arange(N)[:, None] >= zi[None, :]) * (rng_bytes[zi][None, :] / scale)
-            fwd = fwd + sp.csr_matrix(after) @ Z
-            rng_u = rng_bytes[zi] / scale @ Z
-        # offload to host (`solver.offload`): O[g] over the allowed groups that S keeps from the
-        # forward pass through their off-device window
-        off, self.o, self.o_idx, self.offload_terms = mem.offload, None, np.zeros(0, dtype=int), []
+            fwd = fwd + sp.csr_matrix(mem.fwd_opt / scale) @ self.Mv
+        fwd, rng_u = self._rng_states(fwd)
+        self.fwd_mem = self._offload(fwd, relax)
+        return rng_u
+
+    def _rng_states(self, fwd):
+        """Generator states of recomputed random nodes (`monet.rng`): Z[i] >= R[t, i], their bytes
+        from node i on in the forward pass and through every stage.  Returns (fwd, stage term)."""
+        N, scale, sel = self.N, self.scale, self.sel
+        rng_bytes = self.mem.rng_state_bytes if self.mem.rng_state_bytes is not None else np.zeros(N)
+        zi = np.flatnonzero((rng_bytes > 0) & self.allow_r.any(axis=0))
+        if not len(zi):
+            return fwd, 0.0
+        Z = cp.Variable(len(zi), nonneg=True, name="Z")
+        tt, kk = np.nonzero(self.allow_r[:, zi])
+        self.cons.append(sel(kk, len(zi)) @ Z >= sel(tt * N + zi[kk], self.TN) @ self.Rf)
+        after = (np.arange(N)[:, None] >= zi[None, :]) * (rng_bytes[zi][None, :] / scale)
+        return fwd + sp.csr_matrix(after) @ Z, rng_bytes[zi] / scale @ Z
+
+    def _offload(self, fwd, relax: bool):
+        """Offload to host (`solver.offload`): O[g] over the allowed groups that S keeps from the
+        forward pass through their off-device window; their bytes leave the forward rows and the
+        exposed transfer time enters the objective (``offload_terms``).  Returns fwd."""
+        G, N, sel, allow_s, allow_r = self.G, self.N, self.sel, self.allow_s, self.allow_r
+        off, self.o, self.o_idx, self.offload_terms = self.mem.offload, None, np.zeros(0, dtype=int), []
         self.offload = off
-        if off is not None and mode != "none":
-            oi = [g for g in np.flatnonzero(off.allowed & off.candidate)
-                  if allow_s[:max(1, int(off.prefetch[g])), g].all()]
-            if oi:
-                oi = np.array(oi, dtype=int)
-                self.o, self.o_idx = cp.Variable(len(oi), name="O", **kind), oi
-                # O[g] <= S[t, g] for t < max(prefetch, 1)
-                kk = np.concatenate([np.full(max(1, int(off.prefetch[g])), k) for k, g in enumerate(oi)])
-                tt = np.concatenate([np.arange(max(1, int(off.prefetch[g]))) for g in oi])
-                cons.append(sel(kk, len(oi)) @ self.o <= sel(tt * G + oi[kk], TG) @ Sf)
-                # R[t, j] + O[g] <= 1 for t < prefetch, j = g's node or a forward reader of it
-                pairs = [(k, t, j) for k, g in enumerate(oi) for t in range(int(off.prefetch[g]))
-                         for j in np.flatnonzero(off.readers[g]) if allow_r[t, j]]
-                if pairs and self.r is not None:
-                    pk, pt, pj = (np.array(c, dtype=int) for c in zip(*pairs))
-                    cons.append(sel(pt * N + pj, TN) @ Rf + sel(pk, len(oi)) @ self.o <= 1)
-                fwd = fwd - sp.csr_matrix(off.fwd_off()[:, oi] / scale) @ self.o
-                # exposed transfer time, each direction (the copies share one stream)
-                for c, total in ((off.c_out, off.fwd_total), (off.c_in, off.bwd_total)):
-                    X = cp.Variable(nonneg=True)
-                    cons += [X >= c[oi] @ self.o, X >= off.x[oi] @ self.o - total]
-                    self.offload_terms.append(X)
-        self.fwd_mem = fwd
-        # backward stages (rows of `solver.memory_model`): B[t] >= the constants, gradients and
-        # generator states of stage t; Yb[t] >= the forward values live while backward node t runs
-        # (`MemoryModel.kept_at_backward`); one row for the backward node and one per node the stage
-        # may recompute (`MemoryModel.stage_events`)
+        if off is None or self.mode == "none":
+            return fwd
+        oi = [g for g in np.flatnonzero(off.allowed & off.candidate)
+              if allow_s[:max(1, int(off.prefetch[g])), g].all()]
+        if not oi:
+            return fwd
+        oi = np.array(oi, dtype=int)
+        self.o, self.o_idx = cp.Variable(len(oi), name="O", **self.kind), oi
+        # O[g] <= S[t, g] for t < max(prefetch, 1)
+        kk = np.concatenate([np.full(max(1, int(off.prefetch[g])), k) for k, g in enumerate(oi)])
+        tt = np.concatenate([np.arange(max(1, int(off.prefetch[g]))) for g in oi])
+        self.cons.append(sel(kk, len(oi)) @ self.o <= sel(tt * G + oi[kk], self.TG) @ self.Sf)
+        # R[t, j] + O[g] <= 1 for t < prefetch, j = g's node or a forward reader of it
+        pairs = [(k, t, j) for k, g in enumerate(oi) for t in range(int(off.prefetch[g]))
+                 for j in np.flatnonzero(off.readers[g]) if allow_r[t, j]]
+        if pairs and self.r is not None:
+            pk, pt, pj = (np.array(c, dtype=int) for c in zip(*pairs))
+            self.cons.append(sel(pt * N + pj, self.TN) @ self.Rf + sel(pk, len(oi)) @ self.o <= 1)
+        fwd = fwd - sp.csr_matrix(off.fwd_off()[:, oi] / self.scale) @ self.o
+        # exposed transfer time, each direction (the copies share one stream)
+        for c, total in ((off.c_out, off.fwd_total), (off.c_in, off.bwd_total)):
+            X = cp.Variable(nonneg=True)
+            self.cons += [X >= c[oi] @ self.o, X >= off.x[oi] @ self.o - total]
+            self.offload_terms.append(X)
+        return fwd
+
+    def _backward_memory(self, rng_u, recompute_rows: bool) -> None:
+        """4b. Backward stages (rows of `solver.memory_model`): B[t] >= the constants, gradients and
+        generator states of stage t; Yb[t] >= the forward values live while backward node t runs
+        (`MemoryModel.kept_at_backward`); one row for the backward node (``B + Yb + extra``) and,
+        with ``recompute_rows``, one per node the stage may recompute (`_recompute_rows`)."""
+        mem, T, N, G, O, scale = self.mem, self.T, self.N, self.G, self.O, self.scale
+        allow_s, allow_r = self.allow_s, self.allow_r
         B = cp.Variable(T, nonneg=True, name="B")
         b_expr = mem.bwd_const / scale + rng_u
         if O and mem.live_opt is not None and mem.live_opt.any():
-            b_expr = b_expr + sp.csr_matrix(mem.live_opt / scale) @ Mv
+            b_expr = b_expr + sp.csr_matrix(mem.live_opt / scale) @ self.Mv
         if self.o is not None:
-            b_expr = b_expr - sp.csr_matrix(off.bwd_off()[:, self.o_idx] / scale) @ self.o
-        cons.append(B >= b_expr)
+            b_expr = b_expr - sp.csr_matrix(self.offload.bwd_off()[:, self.o_idx] / scale) @ self.o
+        self.cons.append(B >= b_expr)
         held = mem.held()
         ht, hg = np.nonzero(held & allow_s)
         nt, ng = np.nonzero(~held[:-1] & allow_s[1:]) if T > 1 else (np.zeros(0, int),) * 2
         bt, bj = np.nonzero(allow_r & (mem.bwd_read_bytes > 0))
         Yb = cp.Variable(T, nonneg=True, name="Yb")
-        cons.append(Yb >= sp.csr_matrix((np.concatenate([mem.saved_bytes[hg], mem.saved_bytes[ng]]) / scale,
-                                          (np.concatenate([ht, nt]), np.concatenate([ht * G + hg, (nt + 1) * G + ng]))),
-                                         shape=(T, TG)) @ Sf
-                     + sp.csr_matrix((mem.bwd_read_bytes[bt, bj] / scale, (bt, bt * N + bj)), shape=(T, TN)) @ Rf)
+        self.cons.append(Yb >= sp.csr_matrix((np.concatenate([mem.saved_bytes[hg], mem.saved_bytes[ng]]) / scale,
+                                               (np.concatenate([ht, nt]),
+                                                np.concatenate([ht * G + hg, (nt + 1) * G + ng]))),
+                                              shape=(T, self.TG)) @ self.Sf
+                         + sp.csr_matrix((mem.bwd_read_bytes[bt, bj] / scale, (bt, bt * N + bj)),
+                                         shape=(T, self.TN)) @ self.Rf)
         extra = mem.bwd_extra / scale
         if O:
-            extra = extra + sp.csr_matrix(mem.bwd_opt / scale) @ Mv
-        rows = [B + Yb + extra]
-        # the rows while node i recomputes: B[t] + Y[t, i] + (outputs + workspace of i) R[t, i], with
-        # Y[t, i] >= Y[t, next row] - (the stage's events between the two), Y[t, last] linked to
-        # Yb[t], and L[l] >= R[t, reader], L[l] >= L[l + 1] or S[t + 1, group] (`StageEvents`)
+            extra = extra + sp.csr_matrix(mem.bwd_opt / scale) @ self.Mv
+        self.bwd_rows = [B + Yb + extra]
+        if recompute_rows:
+            self._recompute_rows(B, Yb, held)
+
+    def _recompute_rows(self, B, Yb, held) -> None:
+        """The rows while node i recomputes: B[t] + Y[t, i] + (outputs + workspace of i) R[t, i],
+        with Y[t, i] >= Y[t, next row] - (the stage's events between the two), Y[t, last] linked
+        to Yb[t], and L[l] >= R[t, reader], L[l] >= L[l + 1] or S[t + 1, group] (`StageEvents`)."""
+        mem, T, N, G, scale, sel = self.mem, self.T, self.N, self.G, self.scale, self.sel
+        allow_r = self.allow_r
         has_ws = np.zeros(N, dtype=bool)
         has_ws[[i for i, _, _ in mem.rec_ws]] = True
         row_t, row_i, link, lam, ws_rows = [], [], [], [], []
         n_rows = n_lam = 0
-        for t in range(T) if recompute_rows else ():
+        for t in range(T):
             nodes = np.flatnonzero(allow_r[t])
             if not len(nodes):
                 continue
@@ -330,49 +402,57 @@ class Problem:
             ws_rows += [(n_rows + a, t, i) for a, i in enumerate(nodes) if has_ws[i]]
             n_rows += len(nodes)
             n_lam += nl
-        if n_rows:
-            row_t, row_i = np.array(row_t), np.array(row_i)
-            Y = cp.Variable(n_rows, nonneg=True, name="Y")
-            last = np.ones(n_rows, dtype=bool)
-            last[:-1] = row_t[1:] != row_t[:-1]
-            L = cp.Variable(n_lam, nonneg=True, name="L") if n_lam else None
-            lt, li, lk, lg, ll = (np.concatenate(x) for x in zip(*lam)) if n_lam else (np.zeros(0, int),) * 5
-            if n_lam:
-                cons.append(L[li] >= sel(lt * N + lk, TN) @ Rf)
-                more = np.flatnonzero(~ll)
-                if len(more):
-                    cons.append(L[li[more]] >= L[li[more] + 1])
-                fin = np.flatnonzero(ll & (lt + 1 < T))
-                if len(fin):
-                    cons.append(L[li[fin]] >= sel((lt[fin] + 1) * G + lg[fin], TG) @ Sf)
-            er, ek, ec, ev_coef = (np.concatenate(x) for x in zip(*link))
-            terms = 0
-            for k, var, width in ((KEEP, Sf, TG), (KEEP_NEXT, Sf, TG), (RECOMPUTE, Rf, TN), (LIVE, L, n_lam)):
-                m = ek == k
-                if m.any():
-                    terms = terms + sp.csr_matrix((ev_coef[m] / scale, (er[m], ec[m])), shape=(n_rows, width)) @ var
-            nxt_y = np.flatnonzero(~last)
-            cons.append(Y >= sp.csr_matrix((np.ones(len(nxt_y)), (nxt_y, nxt_y + 1)), shape=(n_rows, n_rows)) @ Y
-                        + sp.csr_matrix((np.ones(last.sum()), (np.flatnonzero(last), row_t[last])), shape=(n_rows, T)) @ Yb
-                        - terms)
-            coef = (mem.out_bytes[row_i] + mem.fwd_workspace[row_i]) / scale
-            Ut = sp.csr_matrix((np.ones(n_rows), (np.arange(n_rows), row_t)), shape=(n_rows, T))
-            expr = Ut @ B + Y + sp.csr_matrix((coef, (np.arange(n_rows), row_t * N + row_i)), shape=(n_rows, TN)) @ Rf
-            if ws_rows:
-                # a choice node's workspace under its chosen option: Wr >= ws_o (R[t, i] + M[o] - 1)
-                Wr = cp.Variable(len(ws_rows), nonneg=True, name="Wr")
-                wr_i = np.array([i for _, _, i in ws_rows])
-                wr_t = np.array([t for _, t, _ in ws_rows])
-                for i, o, w in mem.rec_ws:
-                    k = np.flatnonzero(wr_i == i)
-                    if len(k):
-                        cons.append(Wr[k] >= (w / scale) * (sel(wr_t[k] * N + i, TN) @ Rf + Mv[o] - 1))
-                expr = expr + sp.csr_matrix((np.ones(len(ws_rows)), ([r for r, _, _ in ws_rows],
-                                                                    np.arange(len(ws_rows)))),
-                                            shape=(n_rows, len(ws_rows))) @ Wr
-            rows.append(expr)
-        self.bwd_rows = rows
-        # 5. time: recomputations (per option for choice nodes whose options differ) and options
+        if not n_rows:
+            return
+        row_t, row_i = np.array(row_t), np.array(row_i)
+        Y = cp.Variable(n_rows, nonneg=True, name="Y")
+        last = np.ones(n_rows, dtype=bool)
+        last[:-1] = row_t[1:] != row_t[:-1]
+        L = cp.Variable(n_lam, nonneg=True, name="L") if n_lam else None
+        lt, li, lk, lg, ll = (np.concatenate(x) for x in zip(*lam)) if n_lam else (np.zeros(0, int),) * 5
+        if n_lam:
+            self.cons.append(L[li] >= sel(lt * N + lk, self.TN) @ self.Rf)
+            more = np.flatnonzero(~ll)
+            if len(more):
+                self.cons.append(L[li[more]] >= L[li[more] + 1])
+            fin = np.flatnonzero(ll & (lt + 1 < T))
+            if len(fin):
+                self.cons.append(L[li[fin]] >= sel((lt[fin] + 1) * G + lg[fin], self.TG) @ self.Sf)
+        er, ek, ec, ev_coef = (np.concatenate(x) for x in zip(*link))
+        terms = 0
+        for k, var, width in ((KEEP, self.Sf, self.TG), (KEEP_NEXT, self.Sf, self.TG), (RECOMPUTE, self.Rf, self.TN),
+                              (LIVE, L, n_lam)):
+            m = ek == k
+            if m.any():
+                terms = terms + sp.csr_matrix((ev_coef[m] / scale, (er[m], ec[m])), shape=(n_rows, width)) @ var
+        nxt_y = np.flatnonzero(~last)
+        self.cons.append(Y >= sp.csr_matrix((np.ones(len(nxt_y)), (nxt_y, nxt_y + 1)), shape=(n_rows, n_rows)) @ Y
+                         + sp.csr_matrix((np.ones(last.sum()), (np.flatnonzero(last), row_t[last])),
+                                         shape=(n_rows, T)) @ Yb
+                         - terms)
+        coef = (mem.out_bytes[row_i] + mem.fwd_workspace[row_i]) / scale
+        Ut = sp.csr_matrix((np.ones(n_rows), (np.arange(n_rows), row_t)), shape=(n_rows, T))
+        expr = Ut @ B + Y + sp.csr_matrix((coef, (np.arange(n_rows), row_t * N + row_i)),
+                                          shape=(n_rows, self.TN)) @ self.Rf
+        if ws_rows:
+            # a choice node's workspace under its chosen option: Wr >= ws_o (R[t, i] + M[o] - 1)
+            Wr = cp.Variable(len(ws_rows), nonneg=True, name="Wr")
+            wr_i = np.array([i for _, _, i in ws_rows])
+            wr_t = np.array([t for _, t, _ in ws_rows])
+            for i, o, w in mem.rec_ws:
+                k = np.flatnonzero(wr_i == i)
+                if len(k):
+                    self.cons.append(Wr[k] >= (w / scale) * (sel(wr_t[k] * N + i, self.TN) @ self.Rf + self.Mv[o] - 1))
+            expr = expr + sp.csr_matrix((np.ones(len(ws_rows)), ([r for r, _, _ in ws_rows], np.arange(len(ws_rows)))),
+                                        shape=(n_rows, len(ws_rows))) @ Wr
+        self.bwd_rows.append(expr)
+
+    # -- objective ---------------------------------------------------------------------------
+
+    def _objective(self, recompute_s) -> None:
+        """5. Time: recomputations (per option for choice nodes whose options differ: Q[t] >= t_o
+        (R[t, i] + M[o] - 1)) and the options' own times (``opt_time``); `time_objective` sums them."""
+        mem, T, N, O, sel = self.mem, self.T, self.N, self.O, self.sel
         rec = np.asarray(recompute_s, dtype=float).copy()
         q_terms = []
         by_node: dict[int, list[int]] = {}
@@ -387,25 +467,23 @@ class Problem:
             self.opt_time[o] = t_o
         for i, opts in by_node.items():
             times = np.array([mem.options[o].fwd_recompute[i] for o in opts])
-            ts = np.flatnonzero(allow_r[:, i])
+            ts = np.flatnonzero(self.allow_r[:, i])
             if times.max() - times.min() <= 0.01 * max(times.max(), 1e-12) or not len(ts):
                 rec[i] = times.max()
                 continue
             rec[i] = 0.0
             Q = cp.Variable(len(ts), nonneg=True, name=f"Q{i}")
-            Ri = sel(ts * N + i, TN) @ Rf
+            Ri = sel(ts * N + i, self.TN) @ self.Rf
             for o, t_o in zip(opts, times):
-                cons.append(Q >= t_o * (Ri + Mv[o] - 1))
+                self.cons.append(Q >= t_o * (Ri + self.Mv[o] - 1))
             # valid for every option, and what keeps the LP relaxation honest: with only the rows
             # above, M split 0.99 / 0.01 made R <= 0.01 free, and the relaxation of ResNet-50 at
             # 70 % recomputed ReLUs a hundredth at a time over 100 stages at no cost (its bound
             # 0.6139 s, the no-recomputation time; 0.6250 s with this row)
-            cons.append(Q >= times.min() * Ri)
+            self.cons.append(Q >= times.min() * Ri)
             q_terms.append(cp.sum(Q))
         self.q_terms = q_terms
-        self.cons = cons
         self.recompute_cost = np.tile(rec, T)
-        self.build_time_s = time.perf_counter() - t0
 
     def memory_constraints(self, limit):
         """Peak <= limit; ``limit`` in bytes (a number) or a variable in units of ``scale`` bytes."""

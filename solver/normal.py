@@ -2,7 +2,7 @@
 
 The time-minimising ILP of `solver.ilp.solve_ilp` (LP relaxation, repaired and greedy starts,
 local search, CBC) on a graph whose implementations are fixed, wrapped to the peers' signature
-``solve_x(graph, costs, budget, *, deadline, ...) -> Solution`` (DESIGN.md, "Shape of the code").
+``solve_x(graph, costs, budget, *, deadline, ...) -> Solution`` (docs/design.md, "Shape of the code").
 ``offload_bandwidth`` (bytes/s) makes offload to host memory a third choice (`solver.offload`).
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Turn fractional keep decisions into a valid schedule (rounding with repair).
 
 A MIP solver stopped by its time limit may hold no integer schedule yet; CBC through cvxpy then
-returns the fractional point of its last relaxation.  DESIGN.md lists "the LP relaxation for a
-bound and for rounding": `round_and_repair` keeps a group where its fractional ``S`` exceeds a
+returns the fractional point of its last relaxation.  The LP relaxation serves for a bound
+and for rounding: `round_and_repair` keeps a group where its fractional ``S`` exceeds a
 threshold and then *repairs*: whatever a stage reads that is not kept is recomputed in that stage,
 with the inputs that recomputation needs, recursively.  The result always satisfies the ILP's
 dependency constraints; it is returned only if its memory (the ILP's own expression) fits.

@@ -3,7 +3,7 @@
 The LP relaxation of the time-minimising ILP (`solver.ilp.lp_relaxation`) gives a lower bound and
 a fractional keep matrix; `solver.repair.round_and_repair` rounds it at several thresholds (and
 tries Chen-style checkpoint sets), repairs each into a valid schedule, and keeps the cheapest that
-fits ("the LP relaxation for a bound and for rounding", DESIGN.md, "The ILP").
+fits (the LP relaxation serves for a bound and for rounding).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The solve pipeline's entry point: graph + costs + budget -> `Solution` (schedule, matrices, metadata).
 
 `solve` picks the solver of a mode; every solver is a peer with one signature,
-``solve_x(graph, costs, budget, *, deadline, ...) -> Solution`` (DESIGN.md, "Shape of the code"),
+``solve_x(graph, costs, budget, *, deadline, ...) -> Solution`` (docs/design.md, "Shape of the code"),
 one file each, compared on the same inputs by `benchmarks/bench_solver.py --peers`:
 
 * `solver.checkpoint_all.solve_checkpoint_all`: keep everything, recompute nothing (plain PyTorch);
@@ -41,7 +41,8 @@ from monet.solver.offload import check_offload
 from monet.solver.portfolio import solve_full
 from monet.solver.rounding import solve_rounding
 from monet.solver.simulated import eager_peak, keep_all_matrices, memory_model  # noqa: F401
-from monet.solver.smallest import min_budget, min_budget_lower, searched, smallest_schedule  # noqa: F401
+from monet.solver.smallest import (KNEE_FACTOR, _smallest, frontier, knee, min_budget, min_budget_lower, searched,  # noqa: F401
+                                   smallest_schedule)
 
 # The normal-mode peers by name, for comparisons on the same inputs (`benchmarks/bench_solver.py
 # --peers`): each ``solve_x(graph, costs, budget, *, deadline, info=None, ...) -> Solution``,
@@ -111,8 +112,11 @@ SEARCH_SHARE = 0.5
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
           solver: str = "CBC", time_limit: float = 60.0, info: dict | None = None,
           verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None, gap: float = 0.0,
-          offload_bandwidth: float | None = None, deadline: Deadline | None = None) -> Solution:
-    """Solve at ``budget`` bytes, or at the smallest feasible budget when ``budget`` is None.
+          offload_bandwidth: float | None = None, deadline: Deadline | None = None, knee_min: bool = True) -> Solution:
+    """Solve at ``budget`` bytes, or when ``budget`` is None at the smallest budget found whose
+    recomputation is worth it: in normal mode the `monet.solver.smallest.knee` of the schedules
+    near the smallest feasible budget (the smallest one within `KNEE_FACTOR` times the next larger
+    schedule's recomputation), in the other modes the smallest feasible budget itself.
 
     One deadline covers the whole call: the smallest-budget search, the solve at the budget and
     the fallback to the search's schedule share it, so the call returns within ``time_limit``
@@ -130,6 +134,8 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
             rest for the time-minimising solve at the budget found.
         deadline: the `Deadline` the call shares with its caller (`monet.plan.Plan.solve`), or None.
         gap: stop once the schedule is proven within this fraction of the best bound (0: optimal).
+        knee_min: at ``budget`` None, solve at the knee (above); False: at the smallest feasible
+            budget found itself (``if_infeasible="smallest"``).
         progress: ``progress(str)``, lines on the solve as it goes (incumbent, bound).
         offload_bandwidth: bytes per second (each direction) of host<->device copies: a kept
             value may then be offloaded to host memory (`solver.offload`; normal mode only).
@@ -147,14 +153,21 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
     deadline = deadline if deadline is not None else Deadline(time_limit)
     ref = dict(inplace="inplace" in mode_tokens(mode), eager=None, eager_time=None)
     if budget is None and mode != "none":
-        if searched(graph, costs, mode, solver, device, cost_fn, offload_bandwidth) and not offload_bandwidth:
+        kept = searched(graph, costs, mode, solver, device, cost_fn, offload_bandwidth) and not offload_bandwidth
+        least, _ = min_budget(graph, costs, mode, solver, 0.0 if kept else deadline.share(SEARCH_SHARE), device,
+                              cost_fn, offload_bandwidth=offload_bandwidth)
+        budget = least
+        if knee_min and mode == "normal" and not offload_bandwidth:
+            # the smallest budget worth its recomputation (`knee`), not the last MiB at any price
+            R_least = _smallest(graph, costs, mode, solver, 0.0, device, cost_fn)[5]
+            budget, note = knee(frontier(graph, costs, least, R_least), costs.plain_time)
+            if note and progress is not None:
+                progress("  " + note)
+        if kept and budget == least:
             # kept from an earlier call (one that found its budget infeasible): its schedule, at once
-            least, _ = min_budget(graph, costs, mode, solver, 0.0, device, cost_fn, offload_bandwidth=offload_bandwidth)
             if progress is not None:
                 progress(f"  the smallest feasible budget found before: {least} bytes; its schedule")
             return smallest_schedule(graph, costs, least, info, mode, solver, 0.0, device, cost_fn, ref)
-        budget, _ = min_budget(graph, costs, mode, solver, deadline.share(SEARCH_SHARE), device, cost_fn,
-                               offload_bandwidth=offload_bandwidth)
     elif budget is None:
         budget = eager_peak(graph, costs)
     if mode == "none":

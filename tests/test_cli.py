@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from monet.cli import main
 from monet.solution import load_solution
@@ -260,13 +261,18 @@ def test_mismatched_model(solved, workdir, capsys):
 
 
 def test_profile_writes_table(model_arg, workdir, capsys):
+    """The table goes into the cache `monet solve --cost profile` reads, and with -o a copy to the
+    file (issue 42: -o alone wrote a file solve could not read)."""
     out = workdir / "tiny.csv"
+    cache = workdir / "profile-cache"
     assert main(["profile", model_arg, "-b", "2", "--input-shape", "3,16,16", "--repeats", "1",
-                 "--warmup", "0", "--top", "3", "-o", str(out)]) == 0
+                 "--warmup", "0", "--top", "3", "--cache-dir", str(cache), "-o", str(out)]) == 0
     from monet.profiling.profiler import load_costs
     table = load_costs(out)
     assert len(table) > 0 and (table["workspace_bytes"] >= 0).all()
     assert "slowest 3 of" in capsys.readouterr().out
+    cached = list(cache.glob("*.csv"))
+    assert len(cached) == 1 and load_costs(cached[0]).equals(table)
 
 
 def test_zoo_list_runs(capsys):
@@ -316,3 +322,12 @@ def test_demo_refuses_bad_options_before_any_slow_step(argv, message, capsys):
     assert main(["demo", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "building the model" not in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the zoo's schedules are checked there")
+def test_check_of_a_gpu_schedule_asks_for_the_cpu_explicitly(capsys):
+    """`monet check zoo:resnet50-184-6GB --run-bs` without a GPU would train ResNet-50 at batch 184
+    (a 15 GiB plain peak) on the CPU: it says so and asks for --device cpu (issue 42)."""
+    assert main(["check", "zoo:resnet50-184-6GB", "--run-bs"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cpu" in err and "batch 184" in err and "GiB" in err and "Traceback" not in err

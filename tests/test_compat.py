@@ -12,7 +12,7 @@ import torch
 from monet import compat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: the library's folders (DESIGN.md, "Layout") and the scripts that ship beside it
+#: the library's folders (docs/design.md, "Layout") and the scripts that ship beside it
 CHECKED = ("monet", "solver", "profiling", "zoo", "benchmarks", "examples")
 #: private modules only monet/compat.py may use
 PRIVATE = ("torch._functorch", "torch._dynamo", "torch._inductor", "torch._guards", "torch._subclasses",

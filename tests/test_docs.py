@@ -181,3 +181,19 @@ def test_the_checks_see_what_they_check(tmp_path):
     # tmp_path is outside the repository: only the in-file anchors can be checked there
     assert [b.split(":")[0] for b in broken_links(md)] == ["#b", "nowhere.md"]
     assert len(links(README.read_text())) >= 10
+
+
+def test_the_repository_cites_only_what_it_holds():
+    """Code and docs cite nothing outside the repository (issue 42): no design document of the
+    workplace, no "brief"; what they meant is in docs/design.md."""
+    banned = ("DESIGN" + ".md", "the " + "brief")
+    found = []
+    for path in sorted(ROOT.rglob("*")):
+        rel = path.relative_to(ROOT)
+        if path.suffix not in (".py", ".md") or rel.parts[0] in (".git", "tests") and "data" in rel.parts:
+            continue
+        if any(part.startswith(".") or part in ("build", "dist") or part.endswith(".egg-info") for part in rel.parts):
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{rel}: {b}" for b in banned if b in text]
+    assert not found, found

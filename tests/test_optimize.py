@@ -70,6 +70,45 @@ def test_one_call_trains_as_pytorch_and_saves(batch, tmp_path):
     assert torch.isfinite(again(x, target=y))
 
 
+def test_a_loss_solution_loads_back_on_the_model_alone(plan, batch, tmp_path):
+    """A solution solved with ``loss_fn=`` records the loss by name; ``MONeTWrapper(model, file)``
+    puts the model in ``WithLoss`` with it again (issue 42: it raised a graph mismatch); a loss
+    that cannot be imported by name (a lambda) is refused with what to pass instead."""
+    x, y = batch
+    sol = plan.solve("90%", time_limit=5)
+    assert sol.meta.loss == "torch.nn.functional.cross_entropy"
+    path = tmp_path / "usernet.monet"
+    sol.save(path)
+    net = copy.deepcopy(plan.module.model)
+    again = MONeTWrapper(net, path)
+    assert isinstance(again.model, WithLoss) and again.model.model is net
+    assert set(again.state_dict()) == set(net.state_dict())
+    torch.manual_seed(3)
+    loss = again(x, target=y)
+    torch.manual_seed(3)
+    reference = F.cross_entropy(copy.deepcopy(net)(x), y)
+    assert torch.equal(loss, reference)
+    sol.meta.loss = "tests.test_optimize.<lambda>"
+    sol.save(path)
+    with pytest.raises(monet.SolutionMismatchError, match=r"WithLoss\(model, loss_fn\)"):
+        MONeTWrapper(copy.deepcopy(net), path)
+    assert isinstance(MONeTWrapper(WithLoss(net, F.cross_entropy), path).model, WithLoss)
+
+
+def test_a_percentage_with_an_optimizer_is_of_plain_pytorch_with_its_state(plan):
+    """"50%" with ``optimizer="adam"`` is half of what plain PyTorch holds with Adam's state (its
+    simulated peak plus the state), the state then taken out; ``budget="min"`` with an optimizer
+    gives the smallest schedule (issue 42: it was refused, and a percentage of the peak without
+    the state could leave less than the state itself)."""
+    state = optimizer_state_bytes(plan.graph.param_bytes, "adam")
+    sol = plan.solve("95%", optimizer="adam", time_limit=5)
+    assert sol.meta.budget_bytes == int(0.95 * (plan.eager_peak_bytes + state)) - state
+    least = plan.solve("min", optimizer="adam", time_limit=5)
+    assert least.meta.predicted_peak_bytes <= least.meta.budget_bytes
+    with pytest.raises(ValueError, match=r"do not fit the budget.*budget=\"min\" with optimizer='adam'"):
+        plan.solve(state // 2, optimizer="adam")
+
+
 def test_optimizer_state_is_counted(plan, batch):
     """With Adam, the budget covers the iteration and Adam's two state tensors per parameter."""
     x, y = batch

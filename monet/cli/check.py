@@ -7,7 +7,7 @@ import sys
 from monet.cli.common import (EXIT_CHECK_FAILED, CLIError, build_model, fmt_mib, fmt_pct, fmt_size, print_json,
                               resolve_device, rows_table, solution_fields, timed_step)
 
-GRAD_TOLERANCE = 1e-5  # relative; DESIGN.md, "What must stay true"
+GRAD_TOLERANCE = 1e-5  # relative; docs/design.md, "What must stay true"
 
 
 EPILOG = """\
@@ -101,8 +101,17 @@ def run(args) -> int:
                                    args.check_runtime or do_all)
     if args.device:
         device = resolve_device(args.device)
+    elif meta.device == "cuda" and torch.cuda.is_available():
+        device = "cuda"
+    elif meta.device == "cuda":
+        # a GPU-sized schedule (the zoo's ResNet-50 at batch 184: 15 GiB in plain PyTorch) would
+        # run on the CPU for minutes and take its memory: only when asked for
+        raise CLIError(f"{args.file} was solved for a CUDA GPU (batch {meta.batch_size}, plain PyTorch's simulated peak "
+                       f"{fmt_size(meta.eager_peak_bytes)}, budget {fmt_size(meta.budget_bytes)}) and this machine has "
+                       "none: checking it runs that model and batch on the CPU, in that much host memory; pass "
+                       "--device cpu to do so")
     else:
-        device = "cuda" if meta.device == "cuda" and torch.cuda.is_available() else "cpu"
+        device = "cpu"
     amp = getattr(meta, "autocast", None)  # checked under the autocast it was solved for
     if amp and torch.device(device).type != amp[0]:
         raise CLIError(f"{args.file} was solved under {mixed_precision.describe(amp)}: check it with "

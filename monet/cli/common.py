@@ -9,6 +9,8 @@ import sys
 import time
 from contextlib import contextmanager
 
+from monet.terms import fmt_size  # noqa: F401 - the commands' size format (monet.cli.solve and check import it from here)
+
 EXIT_ERROR = 2  # a known error: bad arguments, infeasible budget, unreadable solution ...
 EXIT_CHECK_FAILED = 1  # monet check: measured peak above the budget, or gradients differ
 MiB = 2**20
@@ -67,13 +69,6 @@ def timed_step(what: str):
 def fmt_mib(nbytes) -> str:
     """Bytes as "1,234.5 MiB" ("-" for None)."""
     return "-" if nbytes is None else f"{nbytes / MiB:,.1f} MiB"
-
-
-def fmt_size(nbytes) -> str:
-    """Bytes in GiB from 1 GiB up, else in MiB ("-" for None)."""
-    if nbytes is None:
-        return "-"
-    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
 
 
 def fmt_pct(fraction) -> str:

@@ -33,9 +33,11 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=2, help="discarded runs per operator before timing")
     p.add_argument("--top", type=int, default=15, help="how many of the slowest operators to list")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help="profile cache used without -o (default ~/.cache/monet/profiles)")
+                   help="profile cache, where `monet solve --cost profile` (same --cache-dir) reads the table "
+                        "(default ~/.cache/monet/profiles)")
     p.add_argument("-o", "--output", default=None, metavar="FILE.csv",
-                   help="write the cost table here (default: into the profile cache)")
+                   help="also write a copy of the cost table here (a pandas CSV to read or share; monet solve "
+                        "reads the cache, not this file)")
 
 
 
@@ -47,7 +49,7 @@ def run(args) -> int:
     """
     import pandas as pd
 
-    from monet.profiling.profiler import cache_path, profile_costs, save_costs
+    from monet.profiling.profiler import cache_path, save_costs
 
     if args.repeats < 1:
         raise CLIError(f"--repeats must be >= 1, got {args.repeats}")
@@ -58,16 +60,15 @@ def run(args) -> int:
     model, x, graph = build_and_capture(args.model, args.batch_size, shape, device, spec, amp)
     with timed_step(f"profiling {len(graph.fwd) + len(graph.bwd)} operators on {device} "
                     f"({args.repeats} timed runs each)"):
-        if args.output:
-            table = profile_costs(model, x, graph, device, repeats=args.repeats, warmup=args.warmup)
-            path = save_costs(table, args.output)
-        else:
-            path = cache_path(graph, device, args.cache_dir)
-            if path.exists():
-                log(f"using the cached profile {path} (delete it to measure again)")
-            table = profile_table(model, x, graph, device, args.cache_dir, repeats=args.repeats,
-                                   warmup=args.warmup)
-    log(f"wrote {path}")
+        path = cache_path(graph, device, args.cache_dir)
+        if path.exists():
+            log(f"using the cached profile {path} (delete it to measure again)")
+        table = profile_table(model, x, graph, device, args.cache_dir, repeats=args.repeats, warmup=args.warmup)
+    log(f"cached {path}: monet solve --cost profile reads it" + (f" (with --cache-dir {args.cache_dir})"
+                                                                 if args.cache_dir else ""))
+    if args.output:
+        path = save_costs(table, args.output)
+        log(f"wrote a copy to {path}")
     fwd = table[table["kind"] == "fwd"]
     bwd = table[table["kind"] == "bwd"]
     print(f"{args.model}, inputs {x.describe()}, on {device}: "

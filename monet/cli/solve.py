@@ -32,7 +32,8 @@ model(input_ids=<(B, 128) int64 in [0, 50257)>); --inputs 3x64x64 equals --input
 A model whose output is not a tensor (ModelOutput, dict) is trained through its "loss".
 
 Progress goes to stderr; a summary of the solution to stdout (with --json, then one JSON line:
-status (optimal, time_limit or heuristic), objective, bound, gap, solve_time_s, budget_bytes,
+status (optimal; gap: proven within --gap of the bound; time_limit: stopped by the time limit with
+a bound; heuristic: the search's schedule, no bound), objective, bound, gap, solve_time_s, budget_bytes,
 predicted_peak_bytes, eager_peak_bytes, output ...). A budget below the smallest feasible one exits
 with status 2 and names that budget.
 """
@@ -88,7 +89,9 @@ def add_arguments(p) -> None:
                         help='memory budget: "6GB" (6 x 2^30 bytes), "6GiB", "6000MiB", bytes, or '
                              '"50%%" of plain PyTorch\'s simulated peak')
     budget.add_argument("--min-budget", action="store_true",
-                        help="solve at the smallest feasible budget (found by a first ILP)")
+                        help="solve at the smallest feasible budget (found by a first search); in --mode normal "
+                             "at the smallest one whose recomputation is within 2x that of the next larger "
+                             "schedule found (the log says what each further MiB would cost)")
     p.add_argument("--mode", default="inplace_conv_multiway_newnode",
                    help="what the ILP may choose (MONeT's modes): none (keep everything: plain PyTorch), "
                         "normal (recompute or store), or tokens joined by '_': conv (convolution "
@@ -215,6 +218,13 @@ def run(args) -> int:
                                                                 args.time_limit, device.split(":")[0], cost_fn)
                 s["note"] = f"{fmt_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
                     "" if proven or lower is None else f"; no schedule below {fmt_size(lower)} (LP bound)")
+            if args.mode == "normal" and not bandwidth:  # the smallest budget worth its recomputation
+                from monet.solver.smallest import _smallest, frontier, knee
+
+                R_least = _smallest(graph, costs, args.mode, args.solver, 0.0, device.split(":")[0], cost_fn)[5]
+                budget, why = knee(frontier(graph, costs, budget, R_least), costs.plain_time)
+                if why:
+                    log(f"note: {why}")
         elif budget is None:
             budget = parse_budget_arg(args.budget, eager)
         with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "

@@ -1,0 +1,94 @@
+"""Batches of varying sequence length (issue 41): one schedule per length bucket
+(`monet.buckets`).  A tiny transformers GPT-2 is solved at two buckets for one budget in bytes;
+every length up to the longest bucket trains with plain PyTorch's loss and gradients, bitwise, at
+a measured peak under the budget, and a longer batch is refused with what to do."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reach_models import missing
+
+pytestmark = pytest.mark.skipif(missing("transformers") is not None, reason=str(missing("transformers")))
+
+BATCH, VOCAB = 4, 128
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                                      bos_token_id=0, eos_token_id=0)).train()
+
+
+def _batch(length: int, seed: int = 1):
+    ids = torch.randint(0, VOCAB, (BATCH, length), generator=torch.Generator().manual_seed(seed))
+    return dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+def _step(module, batch, model=None):
+    """(loss, gradients by ``model``'s parameter names) of one step of ``module`` (``model``: the
+    transformers model inside it, default ``module``)."""
+    model = module if model is None else model
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(7)  # the same dropout masks on both sides
+    loss = module(**batch).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module")
+def bucketed():
+    import monet
+
+    model = _gpt2()
+    plain = copy.deepcopy(model)
+    wrapped = monet.optimize(model, _batch(64), budget="60%", buckets=[32, 64], cost="analytic", time_limit=10,
+                             progress=False)
+    return plain, model, wrapped
+
+
+def test_one_budget_for_every_bucket(bucketed):
+    _, _, wrapped = bucketed
+    sols = wrapped.solutions
+    assert sorted(sols) == [32, 64] == wrapped.buckets
+    assert len({s.meta.budget_bytes for s in sols.values()}) == 1
+    assert {s.meta.input_shape for s in sols.values()} == {(32,), (64,)}
+    assert sols[64].schedule.recompute_count() > 0  # 60 % of the longest bucket's peak: recomputes
+
+
+@pytest.mark.parametrize("length", [17, 32, 40, 64])
+def test_every_length_trains_as_pytorch_under_the_budget(bucketed, length):
+    from monet.profiling.check import step_peak
+
+    plain, model, wrapped = bucketed
+    batch = _batch(length, seed=length)
+    lw, gw = _step(wrapped, batch, model)
+    lp, gp = _step(plain, batch)
+    assert torch.equal(lw, lp)
+    assert gw.keys() == gp.keys() and all(torch.equal(gw[k], gp[k]) for k in gp)
+    bucket = wrapped.bucket_for(length)
+    assert bucket == (32 if length <= 32 else 64)
+    assert step_peak(wrapped, batch) <= wrapped.solutions[bucket].meta.budget_bytes
+
+
+def test_a_longer_batch_is_refused(bucketed):
+    from monet.solution import SolutionMismatchError
+
+    _, _, wrapped = bucketed
+    with pytest.raises(SolutionMismatchError, match=r"longest bucket, 64 tokens.*buckets=\[\.\.\., 80\]"):
+        wrapped(**_batch(80))
+
+
+def test_buckets_save_and_load(bucketed, tmp_path):
+    from monet.buckets import load_buckets
+
+    _, model, wrapped = bucketed
+    paths = wrapped.save(tmp_path / "gpt2")
+    again = load_buckets(model, paths)
+    assert again.buckets == [32, 64]
+    assert all(again.solutions[L] == wrapped.solutions[L] for L in again.buckets)
