@@ -17,9 +17,9 @@ side with plain PyTorch in one process:
   matrix products and attention compute, except every second matrix product; recompute the rest);
 * ``torch.compile`` with ``torch._functorch.config.activation_memory_budget`` 0.5
   (`monet.profiling.baselines.compile_with_activation_budget`);
-* monet (`monet.prepare` once, then one solve per budget, normal mode) at 50 % and 30 % of plain
-  PyTorch's simulated peak (at the smallest feasible budget where 30 % is below it) and at each
-  peer's measured peak.
+* monet (`monet.prepare` once, then one solve per budget, normal mode) at 50 % of plain PyTorch's
+  simulated peak, at ``budget="min"`` (the smallest budget worth its recomputation,
+  `monet.solver.smallest.knee`) and at each peer's measured peak.
 
 Columns: the measured peak of one training iteration at the allocator
 (`monet.profiling.check.step_peak`), the overhead (`monet.profiling.check.step_overhead`: the
@@ -204,13 +204,12 @@ def one(cfg: dict) -> list[dict]:
     plan = prepare(copy.deepcopy(model), raw, autocast_dtype=torch.bfloat16 if bf16 else None,
                    cache_dir=cfg.get("cache_dir"), progress=False)
     prepared_s = time.perf_counter() - t0
-    budgets = [("monet 50%", "50%"), ("monet 30%", "30%")]
+    budgets = [("monet 50%", "50%"), ("monet min", "min")]
     budgets += [(f"monet at {name}", peak) for name, peak in targets]
     for name, budget in budgets:
         t0 = time.perf_counter()
         try:
-            sol = plan.solve(budget, mode="normal", time_limit=cfg["time_limit"],
-                             if_infeasible="smallest" if budget == "30%" else "raise")
+            sol = plan.solve(budget, mode="normal", time_limit=cfg["time_limit"])
         except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
             rows.append(dict(cfg, method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}"))
             continue
@@ -266,8 +265,8 @@ def section(rows: list[dict], command: str, started: str, elapsed: float) -> str
         f"`{command}` ({started} UTC, {elapsed / 60:.0f} min; {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}).  Every method trains the same batch from the same weights; peak = one "
         "training iteration at the allocator (parameters and gradients included); overhead = median of paired "
-        "interleaved iterations against plain PyTorch, minus 1; monet's budgets are 50 % and 30 % of plain "
-        "PyTorch's simulated peak and each peer's measured peak (bytes).  Wall time: the capture and the costs "
+        "interleaved iterations against plain PyTorch, minus 1; monet's budgets are 50 % of plain "
+        "PyTorch's simulated peak, `budget=\"min\"` and each peer's measured peak (bytes).  Wall time: the capture and the costs "
         "are one `monet.prepare` per configuration, the solve is per budget.", "",
         table(rows), ""])
 

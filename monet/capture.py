@@ -27,7 +27,7 @@ class _Captured(Exception):
         self.num_fwd_outputs = num_fwd_outputs
 
 
-def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None = None) -> OpGraph:
+def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None = None, lm_loss=None) -> OpGraph:
     """Trace ``model(*example_inputs)`` forward and backward and return its `OpGraph`.
 
     Args:
@@ -44,6 +44,11 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             training.  The graph then holds autocast's casts and 16-bit activations (2 bytes per
             element), and records the setting (``graph.autocast``, part of the fingerprint).  None:
             the autocast state in force at the call, as a training loop would run it (usually none).
+        lm_loss: None (default): the graph as the model computes it; ``"chunked"`` or a number of
+            rows: a language model's head and cross-entropy replaced by one op computed over
+            chunks of tokens (`monet.lm_loss.fuse_lm_loss`: Liger Kernel's chunk size, or that
+            many rows), so that the logits never exist whole; the model then returns no logits
+            in training.  A model without such a loss is captured as it is.
 
     Returns:
         The `OpGraph`, with ``joint`` set to the traced joint graph.
@@ -70,6 +75,10 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             raise ValueError(f"torch.autocast does not run {autocast_dtype} on {device_type} "
                              f"(it runs {mixed_precision.describe(autocast)})")
         gm = export(model, inputs)
+        if lm_loss is not None:
+            from monet.lm_loss import fuse_lm_loss
+
+            fuse_lm_loss(gm, None if lm_loss == "chunked" else int(lm_loss))
         sources = primal_sources(gm, model, inputs)
         try:
             trace(gm, partition)(*inputs.args, **inputs.kwargs)

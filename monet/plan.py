@@ -130,7 +130,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = DEFAULT_GAP,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
-             offload_bandwidth: float | None = None, calibrate: bool = True, buckets=None):
+             offload_bandwidth: float | None = None, calibrate: bool = True, buckets=None, lm_loss=None):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -189,6 +189,12 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             may then offload kept activations to host memory besides keeping or recomputing them
             (`monet.solver.offload`; mode ``"normal"`` only).  None (default, and on CPU): no
             offload.  `monet.profiling.bandwidth.measure_host_bandwidth` measures it on a GPU.
+        lm_loss: for a language model trained with labels: None (default) computes its head and
+            loss as the model does; ``"chunked"`` (or a number of token rows per chunk) replaces
+            them by one op over chunks of tokens, so that the (B, T, V) logits and their
+            gradient never exist (`monet.lm_loss`; Liger Kernel's chunk size by default); the
+            model then returns no logits in training; ``"auto"``: both are solved and the faster
+            schedule under the budget is kept.
         buckets: sequence lengths (e.g. ``[128, 256, 512]``) for batches whose length changes
             from step to step (a collator padding to each batch's longest): one schedule per
             bucket, solved at that length for one budget in bytes (a percentage is of the longest
@@ -231,12 +237,20 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
                                 reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
                                 autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
                                 progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
-                                calibrate=calibrate)
+                                calibrate=calibrate, lm_loss=lm_loss)
+    if lm_loss == "auto":
+        return _optimize_lm_loss(model, example_inputs, budget, mode=mode, time_limit=time_limit, loss_fn=loss_fn,
+                                 target=target, optimizer=optimizer, accumulate_grads=accumulate_grads,
+                                 reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
+                                 autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
+                                 progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
+                                 calibrate=calibrate)
     with warnings.catch_warnings(), Progress(progress) as bar:
         if not progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
             warnings.simplefilter("ignore", MonetWarning)
         plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
-                       gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True)
+                       gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True,
+                       lm_loss=lm_loss)
         try:
             sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
                              if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
@@ -447,6 +461,31 @@ def loss_outside_note(graph, eager_peak_bytes: int, remedy: str = LOSS_OUTSIDE_R
             f"outputs' bytes) are not in the budget; {remedy}")
 
 
+def _optimize_lm_loss(model: nn.Module, example_inputs, budget, **kw):
+    """`optimize` with ``lm_loss="auto"``: the model solved as it computes its loss and with the
+    chunked loss (`monet.lm_loss`), each in the whole ``time_limit``, and the wrapper of the
+    faster schedule that fits returned (the log says which); the ILP so weighs keeping the logits
+    against computing them over chunks.  An infeasible budget on one side leaves the other."""
+    from monet.solver.ilp import InfeasibleBudgetError
+
+    found, errors = [], []
+    for choice in (None, "chunked"):
+        try:
+            w = optimize(model, example_inputs, budget, lm_loss=choice, **kw)
+        except InfeasibleBudgetError as e:
+            errors.append(e)
+            continue
+        found.append((w.solution.meta.objective_s / (w.solution.meta.eager_time_s or 1.0), choice, w))
+    if not found:
+        raise min(errors, key=lambda e: e.min_budget_bytes or float("inf"))
+    _, choice, wrapper = min(found, key=lambda f: f[0])
+    if kw.get("progress", True):
+        what = "chunked loss" if choice else "model's own loss"
+        each = ", ".join(f"{'chunked' if c else 'own'}: {100 * (r - 1):+.1f} %" for r, c, _ in found)
+        _log(f'lm_loss="auto": the {what} gives the faster schedule ({each})')
+    return wrapper
+
+
 #: the plan of the last `optimize` call that found its budget infeasible, with its model (weakly)
 #: and the key it was made for (`_plan_key`); the next `optimize` call takes or drops it
 _KEPT: list = []
@@ -478,7 +517,7 @@ def _kept_plan(model: nn.Module, key: tuple):
 
 def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost: str = "hybrid",
             device: str | None = None, gpu_spec: str | None = None, autocast_dtype: torch.dtype | None = None,
-            cache_dir=None, progress: bool | Progress = True, reuse: bool = False) -> Plan:
+            cache_dir=None, progress: bool | Progress = True, reuse: bool = False, lm_loss=None) -> Plan:
     """Capture and cost ``model`` once (arguments as for `optimize`); solve the `Plan` at any budget.
 
     ``reuse``: take the plan the last `optimize` call kept when it found its budget infeasible,
@@ -508,7 +547,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
     inputs = training_inputs(module, inputs)
     device = device or inputs.first.device.type
-    key = _plan_key(model, inputs, loss_fn, (cost, device, gpu_spec, autocast_dtype, str(cache_dir)))
+    key = _plan_key(model, inputs, loss_fn, (cost, device, gpu_spec, autocast_dtype, str(cache_dir), lm_loss))
     plan = _kept_plan(model, key) if reuse else None
     if plan is not None:
         plan.progress = bar.enabled
@@ -524,7 +563,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         with bar.phase("capture"):
             t0 = time.perf_counter()
             bar.log(f"capturing {name} on {inputs.describe()} ...")
-            graph = capture(module, inputs, autocast_dtype=autocast_dtype)
+            graph = capture(module, inputs, autocast_dtype=autocast_dtype, lm_loss=lm_loss)
             capture_s = time.perf_counter() - t0
             bar.log(f"captured in {capture_s:.1f} s: {graph.describe()}")
         with bar.phase("costs"):

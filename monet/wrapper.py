@@ -44,6 +44,11 @@ class ScheduledModule(nn.Module):
             trace bakes into the graph; recorded in the graph's fingerprint.  AOTAutograd runs the
             traced graphs with autocast disabled (its ``disable_amp``), so the recorded casts are
             not applied a second time.  None: the setting in force at the first call.
+        exported: ``{call_key: export}``: Dynamo exports to trace instead of exporting again
+            (`MONeTWrapper.offer_export`), each taken once.
+        transform: ``transform(gm)``, applied in place to each export before it is traced (the
+            fused language-model loss, `monet.lm_loss.fuse_lm_loss`; it must do nothing to an
+            export it was applied to already).
         runner: how the forward and backward modules run: ``runner(gm, "forward" | "backward")``
             returns the callable AOTAutograd calls, boxed (one list of inputs; the backward's may
             be cleared); None: the modules' own generated code.  `monet.profiling.trace` runs them
@@ -51,7 +56,7 @@ class ScheduledModule(nn.Module):
     """
 
     def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None, runner=None,
-                 exported: dict | None = None):
+                 exported: dict | None = None, transform=None):
         super().__init__()
         self.model = model
         self._make_schedule = make_schedule
@@ -60,6 +65,7 @@ class ScheduledModule(nn.Module):
         self._runner = runner
         self._traces: dict = {}  # call_key -> traced module (a plain dict: no submodules)
         self.__dict__["_exported"] = dict(exported or {})  # call_key -> an export of the model to trace
+        self.__dict__["_transform"] = transform  # applied to each export before its trace
         self.monet_compiled: dict = {}
 
     def forward(self, *args, **kwargs):
@@ -86,6 +92,8 @@ class ScheduledModule(nn.Module):
         gm = self.__dict__["_exported"].pop(key, None)  # the capture's export, handed over once
         if gm is None:
             gm = export(self.model, inputs)
+        if self.__dict__["_transform"] is not None:
+            self.__dict__["_transform"](gm)
         sources = primal_sources(gm, self.model, inputs)
         holder = self.monet_compiled
 
@@ -136,6 +144,15 @@ def _call_inputs(module: nn.Module, args, kwargs) -> ExampleInputs:
     if "_cache_owner" not in module.__dict__:
         module.__dict__["_cache_owner"] = cache_owner(module.model)
     return training_inputs(module.model, ExampleInputs(args, kwargs), module.__dict__["_cache_owner"])
+
+
+def _graph_rewrite(meta):
+    """What the solution's graph did to the model's export before tracing it: the fused language
+    model loss with its chunk (`monet.lm_loss`), or None."""
+    from monet.lm_loss import fused, fuse_lm_loss
+
+    chunk = fused(meta.graph_summary)
+    return None if chunk is None else (lambda gm: fuse_lm_loss(gm, chunk))
 
 
 def _smaller(shape, made) -> bool:
@@ -361,7 +378,8 @@ class MONeTWrapper(nn.Module):
         if self._traced is None:
             schedule: Schedule = self.solution.schedule
             self.__dict__["_traced"] = ScheduledModule(self.model, lambda g: schedule, check=self._check_graph,
-                                                       autocast=autocast, exported=self.__dict__["_exports"])
+                                                       autocast=autocast, exported=self.__dict__["_exports"],
+                                                       transform=_graph_rewrite(self.solution.meta))
             self.__dict__["_exports"] = {}
         return self._traced.run(key, inputs, autocast)
 

@@ -21,6 +21,8 @@ family                     bound                                                
 convolution (forward)      ``3 * (in + out) + T * 16 KiB``                                 [a]
 convolution backward       ``3 * (in + out) + T * 16 KiB``; grouped: ``+ max(260, 6 T) w``  [b]
 normalisation (fwd, bwd)   ``1.5 * out``                                                   [c]
+monet's chunked LM loss    fwd ``c V (s + 8)``; bwd ``c V (2 s + 16) + 8 H V`` (``c`` rows     [f]
+                           of a chunk, ``V x H`` the head's weight of ``s`` bytes per element)
 CPU flash attention        fwd ``T * q_split * (kv_split + 2 + D) * 4 + out``;             [d]
                            bwd ``T * 2 * q_split * kv_split * 4 + in``
 anything else              ``out / 2 + 256``                                               [e]
@@ -44,6 +46,10 @@ anything else              ``out / 2 + 256``                                    
 [e] Elementwise ops, reductions, softmax, pooling, matmuls measured at most 12 bytes or 0.27x
     their output (``_safe_softmax``); MKL's matmul packing buffers come from MKL's own allocator,
     which neither this bound nor the allocator-level peak (`monet.profiling.memory`) sees.
+
+[f] `monet.lm_loss`: per chunk the head's logits, their float32 copy and log-softmax (forward);
+    the logits, log-softmax, their gradients, and the weight's gradient as a (H, V) partial
+    product and its transposed copy (backward).  Read from the op's own code, not measured.
 
 CUDA (not measured here: no GPU was available).  The bound takes the convolution family as
 ``max(w, out) + in`` and every other family as on CPU without the per-thread terms (one stream, no
@@ -76,6 +82,8 @@ FAMILIES = {
     "aten.native_group_norm.default": "normalisation",
     "aten.native_dropout.default": "normalisation",  # the mask: the same "<= out" law
     "aten.native_dropout_backward.default": "normalisation",
+    "monet.linear_cross_entropy.default": "lm_loss",
+    "monet.linear_cross_entropy_backward.default": "lm_loss_backward",
     "aten._scaled_dot_product_flash_attention_for_cpu.default": "attention",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": "attention_backward",
 }
@@ -141,6 +149,14 @@ def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None =
         return 3 * (ins + out) + per_thread * _THREAD_SCRATCH + grouped
     if family == "normalisation":
         return (3 * out) // 2
+    if family in ("lm_loss", "lm_loss_backward"):  # monet.lm_loss: one chunk's logits at a time
+        back = family == "lm_loss_backward"
+        hidden, weight = args[1:3] if back else args[0:2]
+        rows = min(int(fx_node.args[-1]), int(hidden.shape[0]))
+        vocab, width, size = int(weight.shape[0]), int(weight.shape[1]), weight.element_size()
+        if back:  # logits, their float log-softmax, its gradient, the logits' gradient; the weight's, twice
+            return rows * vocab * (2 * size + 16) + 2 * width * vocab * 4 + 256
+        return rows * vocab * (size + 8) + 256  # logits, their float copy, the log-softmax
     if family in ("attention", "attention_backward"):
         q, k = args[1:3] if family == "attention_backward" else args[0:2]
         q_split, kv_split = _flash_splits(int(q.shape[-2]), int(k.shape[-2]))

@@ -1,0 +1,264 @@
+"""A language model's head and cross-entropy as one op over chunks of tokens: the logits never exist whole.
+
+In a language model the largest activation is neither a convolution's nor an activation's: it is
+the logits, (B, T, V) floats, and as much again in their gradient (GPT-2's 50,257 tokens at 8 x
+1024 tokens a batch: 1.6 GB each in fp32).  `linear_cross_entropy` computes the head
+``hidden @ weight.T + bias`` and the cross-entropy together, ``chunk`` rows of tokens at a time,
+and keeps nothing but its inputs for the backward pass, which computes each chunk's logits again
+(Liger Kernel's fused linear cross-entropy, Hsu et al. 2024, and Apple's Cut Cross-Entropy, Wijmans
+et al., ICLR 2025, do it in GPU kernels of their own; here it is PyTorch's own operators per
+chunk, on any device).  Memory: at most one chunk's logits and their gradient at a time, (chunk,
+V) floats each, instead of (B T, V) kept from the forward pass to the backward pass.  Time: the
+head's matrix product once more in the backward pass.
+
+Arithmetic: where one chunk holds every token (``chunk >= B T``) the op runs exactly the
+operators PyTorch's ``F.cross_entropy(F.linear(h, w, b).float().view(-1, V), target)`` runs, in
+its order, and its loss and gradients are bitwise PyTorch's; with smaller chunks the loss is a
+sum of chunk sums and the weight's gradient a sum of chunk products, another order of the same
+sums (within 1e-6 relative in fp32).
+
+`fuse_lm_loss` puts the op into a Dynamo-exported graph in place of the head and the loss
+(``linear -> [float] -> view(-1, V) -> cross_entropy``, as transformers' ``ForCausalLMLoss`` and
+``BertForMaskedLM`` write them): the graph then returns no logits (``output.logits`` is None in
+training, as with Liger's fused loss); `monet.optimize(..., lm_loss="chunked")` does it
+(docs/guide.md, "Language models").
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def liger_chunk(rows: int, vocab: int, hidden: int) -> int:
+    """Liger Kernel's chunk size: the tokens whose logits are the size of the hidden states, ``B T /
+    ceil(V / H)`` rounded up to a power of two (so one chunk's logits take about as many bytes as
+    the op's input)."""
+    per = max(1, math.ceil(vocab / max(hidden, 1)))
+    n = max(1, math.ceil(rows / per))
+    return 1 << (n - 1).bit_length()
+
+
+def _chunks(rows: int, chunk: int):
+    step = max(1, int(chunk))
+    return [(a, min(rows, a + step)) for a in range(0, rows, step)] or [(0, 0)]
+
+
+@torch.library.custom_op("monet::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                         ignore_index: int, reduction: str, chunk: int) -> torch.Tensor:
+    """``F.cross_entropy(F.linear(hidden, weight, bias).float(), target, ignore_index=ignore_index,
+    reduction=reduction)``, ``chunk`` rows at a time.
+
+    Args:
+        hidden: (N, H) the head's input, one row per token.
+        weight: (V, H) the head's weight; bias: (V,) or None.
+        target: (N,) int64 classes in [0, V), or ``ignore_index`` (not counted).
+        reduction: ``"mean"`` (over the counted tokens) or ``"sum"``.
+        chunk: rows per chunk (>= 1); ``chunk >= N``: one chunk, PyTorch's own arithmetic.
+
+    Returns:
+        The loss, a float32 scalar.
+    """
+    rows = hidden.shape[0]
+    if chunk >= rows:
+        return F.cross_entropy(F.linear(hidden, weight, bias).float(), target, ignore_index=ignore_index,
+                               reduction=reduction)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for a, b in _chunks(rows, chunk):
+        logits = F.linear(hidden[a:b], weight, bias).float()
+        total = total + F.cross_entropy(logits, target[a:b], ignore_index=ignore_index, reduction="sum")
+    if reduction == "mean":
+        return total / (target != ignore_index).sum().to(torch.float32)
+    return total
+
+
+@linear_cross_entropy.register_fake
+def _(hidden, weight, bias, target, ignore_index, reduction, chunk):
+    return hidden.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("monet::linear_cross_entropy_backward", mutates_args=())
+def linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                                  bias: torch.Tensor | None, target: torch.Tensor, ignore_index: int,
+                                  reduction: str, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of `linear_cross_entropy` for the loss's gradient ``grad`` (a scalar): each
+    chunk's logits computed again, then the softmax's backward and the head's two products, as
+    PyTorch's backward of ``linear -> float -> cross_entropy`` runs them.  Returns (grad_hidden (N,
+    H), grad_weight (V, H), grad_bias (V,), empty where there is no bias)."""
+    rows = hidden.shape[0]
+    red = _REDUCTIONS[reduction]
+    counted = (target != ignore_index).sum().to(torch.float32)
+    grad_hidden = torch.empty_like(hidden)
+    grad_weight_t = None
+    grad_bias = None
+    whole = chunk >= rows
+    for a, b in _chunks(rows, chunk):
+        h, t = hidden[a:b], target[a:b]
+        logits = F.linear(h, weight, bias)
+        lsm = torch.ops.aten._log_softmax.default(logits.float(), 1, False)
+        if whole:  # PyTorch's own backward, its reduction and all
+            g_lsm = torch.ops.aten.nll_loss_backward.default(grad, lsm, t, None, red, ignore_index, counted)
+        else:  # the chunk's sum, scaled as the mean over every chunk's tokens
+            g = grad / counted if reduction == "mean" else grad
+            g_lsm = torch.ops.aten.nll_loss_backward.default(g, lsm, t, None, _REDUCTIONS["sum"], ignore_index,
+                                                             counted)
+        g_logits = torch.ops.aten._log_softmax_backward_data.default(g_lsm, lsm, 1, torch.float32).to(logits.dtype)
+        grad_hidden[a:b] = torch.mm(g_logits, weight)
+        part = torch.mm(h.t(), g_logits)  # (H, V): autograd's grad of the transposed weight
+        grad_weight_t = part if grad_weight_t is None else grad_weight_t + part
+        if bias is not None:
+            s = g_logits.sum(0)
+            grad_bias = s if grad_bias is None else grad_bias + s
+    grad_weight = grad_weight_t.t().contiguous()
+    return grad_hidden, grad_weight, (grad_bias if grad_bias is not None else weight.new_empty(0))
+
+
+@linear_cross_entropy_backward.register_fake
+def _(grad, hidden, weight, bias, target, ignore_index, reduction, chunk):
+    return (torch.empty_like(hidden), torch.empty_like(weight),
+            weight.new_empty(bias.shape if bias is not None else (0,)))
+
+
+def _setup(ctx, inputs, output):
+    hidden, weight, bias, target, ignore_index, reduction, chunk = inputs
+    ctx.save_for_backward(hidden, weight, bias, target)
+    ctx.args = (ignore_index, reduction, chunk)
+
+
+def _backward(ctx, grad):
+    hidden, weight, bias, target = ctx.saved_tensors
+    gh, gw, gb = torch.ops.monet.linear_cross_entropy_backward(grad, hidden, weight, bias, target, *ctx.args)
+    return gh, gw, (gb if bias is not None else None), None, None, None, None
+
+
+linear_cross_entropy.register_autograd(_backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# the rewrite of a Dynamo-exported graph
+# ----------------------------------------------------------------------------------------------
+
+_PASS = {"float", "contiguous"}  # call_method nodes between the head and the loss that change nothing
+_RESHAPE = {"view", "reshape"}
+
+
+def _value(node):
+    v = node.meta.get("example_value", node.meta.get("val"))
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _is_linear(node) -> bool:
+    return node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear)
+
+
+def _head_of(x: fx.Node):
+    """The ``linear`` node a cross-entropy's input comes from (through ``view(-1, V)``, ``float``,
+    ``contiguous``), and whether a ``float`` was on the way; None when it is not that chain."""
+    seen_float = False
+    node = x
+    for _ in range(4):
+        if _is_linear(node):
+            return node, seen_float
+        if node.op == "call_method" and node.target in _PASS | _RESHAPE:
+            seen_float |= node.target == "float"
+            node = node.args[0]
+            continue
+        if node.op == "call_function" and node.target in (torch.reshape,):
+            node = node.args[0]
+            continue
+        return None
+    return None
+
+
+def find_lm_losses(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """``(cross_entropy node, linear node)`` pairs of a Dynamo-exported graph that compute a
+    language model's loss from its head: ``cross_entropy(view(float(linear(h, W, b)), -1, V),
+    target)`` with no class weights and no label smoothing, reduction mean or sum, over every
+    class of the head (V = W's rows)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not F.cross_entropy:
+            continue
+        kw = dict(zip(("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                       "label_smoothing"), node.args))
+        kw.update(node.kwargs)
+        if kw.get("weight") is not None or kw.get("size_average") is not None or kw.get("reduce") is not None:
+            continue
+        if float(kw.get("label_smoothing", 0.0) or 0.0) != 0.0 or kw.get("reduction", "mean") not in ("mean", "sum"):
+            continue
+        head = _head_of(kw["input"])
+        if head is None:
+            continue
+        logits = _value(kw["input"])
+        if logits is None or logits.dim() != 2:
+            continue
+        found.append((node, head[0]))
+    return found
+
+
+def fuse_lm_loss(gm: fx.GraphModule, chunk: int | None = None) -> int:
+    """Replace each language-model loss of ``gm`` (`find_lm_losses`) by `linear_cross_entropy`
+    with ``chunk`` rows per chunk (None: `liger_chunk`), in place; the logits leave the graph's
+    outputs (None there).  Returns how many were replaced (0: none, or fused already).
+
+    Raises:
+        ValueError: ``chunk`` below 1."""
+    if chunk is not None and int(chunk) < 1:
+        raise ValueError(f"chunk must be >= 1 rows, got {chunk}")
+    pairs = find_lm_losses(gm)
+    graph = gm.graph
+    for ce, linear in pairs:
+        kw = dict(zip(("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction"), ce.args))
+        kw.update(ce.kwargs)
+        h, weight = linear.args[0], linear.args[1]
+        bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+        hv, wv = _value(h), _value(weight)
+        if hv is None or wv is None:
+            continue
+        rows = int(math.prod(hv.shape[:-1]))
+        size = int(chunk) if chunk is not None else liger_chunk(rows, int(wv.shape[0]), int(wv.shape[1]))
+        with graph.inserting_before(ce):
+            flat = graph.call_method("reshape", (h, (-1, int(hv.shape[-1]))))
+            loss = graph.call_function(torch.ops.monet.linear_cross_entropy.default, (flat, weight, bias, kw["target"],
+                                                              int(kw.get("ignore_index", -100)),
+                                                              str(kw.get("reduction", "mean")), size))
+        loss.meta.update(ce.meta)
+        ce.replace_all_uses_with(loss)
+        graph.erase_node(ce)
+        # the logits: out of the outputs, then the chain from the head to the loss, where unused
+        out = next(n for n in graph.nodes if n.op == "output")
+        chain = [n for n in _chain(kw["input"], linear)]
+        for n in chain:
+            out.args = fx.node.map_arg(out.args, lambda a, n=n: None if a is n else a)
+        for n in chain:  # from the loss's input back to the head
+            if not n.users:
+                graph.erase_node(n)
+    graph.lint()
+    gm.recompile()
+    return len(pairs)
+
+
+def _chain(x: fx.Node, linear: fx.Node) -> list[fx.Node]:
+    """The nodes from the cross-entropy's input ``x`` back to ``linear``, in that order."""
+    out = [x]
+    while out[-1] is not linear:
+        out.append(out[-1].args[0])
+    return out
+
+
+def fused(summary: list[str]) -> int | None:
+    """The chunk of the fused loss a graph summary (`monet.graph.OpGraph.summary`) holds, else None."""
+    for line in summary:
+        if " monet.linear_cross_entropy.default (" in line:
+            args = line.split("(", 1)[1].split(";", 1)[0].split(",")
+            return int(args[-1])
+    return None
+
+
+__all__ = ["find_lm_losses", "fuse_lm_loss", "fused", "liger_chunk", "linear_cross_entropy",
+           "linear_cross_entropy_backward"]
