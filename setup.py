@@ -39,8 +39,9 @@ setup(
         # timm, which needs it) yet: install the project there without [test] (README, "Tested
         # PyTorch releases"); their tests skip.  wheel: setuptools < 70.1 builds editable installs
         # with it (tests/test_install.py)
+        # accelerate: transformers.Trainer needs it (tests/test_trainer.py)
         "test": ["pytest", "pytest-xdist", "wheel", "highspy", "pyscipopt", "torchvision>=0.26,<0.30", "timm==1.0.31",
-                 "transformers==5.24.0"],
+                 "transformers==5.24.0", "accelerate==1.15.0"],
         "solvers": ["highspy", "pyscipopt"],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},

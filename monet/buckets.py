@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from monet.inputs import ExampleInputs
 from monet.solution import SolutionMismatchError, load_solution, save_solution
-from monet.wrapper import MONeTWrapper
+from monet.wrapper import MONeTWrapper, model_attribute
 
 #: the dimension of a (batch, sequence, ...) input that holds the sequence
 SEQ_DIM = 1
@@ -123,6 +123,12 @@ class BucketedWrapper(nn.Module):
             return self.model(*args, **kwargs)
         length = sequence_length(ExampleInputs(args, kwargs), self.dim)
         return self.wrappers[self.bucket_for(length)](*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return model_attribute(self, name)  # the model's own attributes (Trainer reads them)
 
     def state_dict(self, *args, **kwargs):
         return self.model.state_dict(*args, **kwargs)

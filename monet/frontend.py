@@ -139,21 +139,25 @@ _UNKNOWN = object()
 
 def training_inputs(model: nn.Module, inputs: ExampleInputs, owner=_UNKNOWN) -> ExampleInputs:
     """``inputs`` as a training call takes them: with ``use_cache=False`` added where the model's
-    forward takes ``use_cache``, its ``config.use_cache`` is true (transformers' causal LMs: GPT-2,
-    Llama, Qwen2 ...) and the caller did not pass ``use_cache``; else ``inputs`` unchanged.
+    forward takes ``use_cache`` (transformers' causal LMs: GPT-2, Llama, Qwen2 ...) and the caller
+    did not pass it, whatever its ``config.use_cache`` says (a Trainer may set it to False after
+    the schedule was solved: the graph stays the same); else ``inputs`` unchanged.
     ``owner``: `cache_owner` of ``model`` when the caller has it already (per training step).
 
     A cache (past keys and values, for generation) is an output training does not read, and one
     Dynamo cannot return; transformers' own gradient checkpointing turns ``use_cache`` off in
-    training the same way, with a warning.  So does this (a UserWarning, once per model class and
+    training the same way, with a warning.  So does this (a `monet.terms.MonetWarning`, once per model class and
     process).
     """
     if "use_cache" in inputs.kwargs:
         return inputs
     inner = cache_owner(model) if owner is _UNKNOWN else owner
-    if inner is None or not getattr(getattr(inner, "config", None), "use_cache", False):
+    if inner is None:
         return inputs
-    if type(inner) not in _WARNED_USE_CACHE:
+    # added whatever the config says, so that the graph is the same when something (Trainer,
+    # transformers' checkpointing) sets config.use_cache = False after the schedule was solved;
+    # said only where the config asks for a cache
+    if getattr(getattr(inner, "config", None), "use_cache", False) and type(inner) not in _WARNED_USE_CACHE:
         _WARNED_USE_CACHE.add(type(inner))
         warnings.warn(f"{type(inner).__name__} is trained with use_cache=False: its config asks for a cache of past "
                   "keys and values, which training does not read (transformers' gradient checkpointing does the "

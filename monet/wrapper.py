@@ -146,6 +146,21 @@ def _call_inputs(module: nn.Module, args, kwargs) -> ExampleInputs:
     return training_inputs(module.model, ExampleInputs(args, kwargs), module.__dict__["_cache_owner"])
 
 
+def model_attribute(module: nn.Module, name: str):
+    """``name`` of the model a wrapper holds (``module._modules["model"]``), for an attribute the
+    wrapper itself does not have: ``config``, ``loss_type``, ``accepts_loss_kwargs``,
+    ``main_input_name`` ... of a transformers model, which ``transformers.Trainer`` reads (it
+    counts the tokens of a causal LM's loss from ``loss_type``, and passes ``num_items_in_batch``
+    where the model takes loss arguments).  Dunder and private names are not looked up.
+
+    Raises:
+        AttributeError: neither has it."""
+    model = module.__dict__.get("_modules", {}).get("model")
+    if model is None or name.startswith("_"):
+        raise AttributeError(f"'{type(module).__name__}' object has no attribute {name!r}")
+    return getattr(model, name)
+
+
 def _graph_rewrite(meta):
     """What the solution's graph did to the model's export before tracing it: the fused language
     model loss with its chunk (`monet.lm_loss`), or None."""
@@ -279,6 +294,12 @@ class MONeTWrapper(nn.Module):
         self.__dict__["_exports"] = {}  # call_key -> export for the first trace (`offer_export`)
         self.__dict__["_traced"] = None  # not a submodule: its parameters are the model's
         self.__dict__["_checked"] = set()  # call keys whose inputs fit the solution (`_scheduled`)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return model_attribute(self, name)  # the model's own attributes (Trainer reads them)
 
     # state_dict and load_state_dict keep the original model's keys
     def state_dict(self, *args, **kwargs):
