@@ -193,34 +193,43 @@ def one(cfg: dict) -> list[dict]:
     reference = gradients(plain, inputs, autocast)
     rows.append(dict(cfg, method="plain PyTorch", peak=int(plain_peak), overhead=0.0, grads="reference"))
     targets = []
+    wanted = cfg.get("peers")
     for name, module in peers(model):
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
         try:
             row = measure(name, module, {}, module.model if isinstance(module, CompiledWithBudget) else module)
             targets.append((name, row["peak"]))
         except Exception as e:  # noqa: BLE001 - a peer that fails is a row that says so
             rows.append(dict(cfg, method=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"))
         del module
-    t0 = time.perf_counter()
-    plan = prepare(copy.deepcopy(model), raw, autocast_dtype=torch.bfloat16 if bf16 else None,
-                   cache_dir=cfg.get("cache_dir"), progress=False)
-    prepared_s = time.perf_counter() - t0
-    budgets = [("monet 50%", "50%"), ("monet min", "min")]
-    budgets += [(f"monet at {name}", peak) for name, peak in targets]
-    for name, budget in budgets:
+    from monet.solver.solve import parse_budget
+
+    base_peak = None
+    for lm_loss in ([None, "chunked"] if cfg.get("lm_loss") else [None]):
         t0 = time.perf_counter()
-        try:
-            sol = plan.solve(budget, mode="normal", time_limit=cfg["time_limit"])
-        except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
-            rows.append(dict(cfg, method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}"))
-            continue
-        solve_s = time.perf_counter() - t0
-        wrapped = plan.wrap(sol)
-        ovh = sol.meta.predicted_overhead()
-        measure(name, wrapped, dict(budget=int(sol.meta.budget_bytes), predicted_peak=int(sol.meta.predicted_peak_bytes),
-                                    predicted_overhead=ovh, capture_s=plan.capture_s,
-                                    costs_s=prepared_s - plan.capture_s, solve_s=solve_s, status=sol.meta.status),
-                plan.module)
-        del wrapped
+        plan = prepare(copy.deepcopy(model), raw, autocast_dtype=torch.bfloat16 if bf16 else None,
+                       cache_dir=cfg.get("cache_dir"), progress=False, lm_loss=lm_loss)
+        prepared_s = time.perf_counter() - t0
+        base_peak = base_peak or plan.eager_peak_bytes  # percentages: of the model's own plain peak, both ways
+        tag = "monet" if lm_loss is None else "monet chunked loss"
+        budgets = [(f"{tag} {b}", b if b == "min" else parse_budget(b, base_peak)) for b in cfg.get("budgets", ["50%", "min"])]
+        budgets += [(f"{tag} at {name}", peak) for name, peak in targets]
+        for name, budget in budgets:
+            t0 = time.perf_counter()
+            try:
+                sol = plan.solve(budget, mode="normal", time_limit=cfg["time_limit"])
+            except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
+                rows.append(dict(cfg, method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}"))
+                continue
+            solve_s = time.perf_counter() - t0
+            wrapped = plan.wrap(sol)
+            ovh = sol.meta.predicted_overhead()
+            measure(name, wrapped, dict(budget=int(sol.meta.budget_bytes),
+                                        predicted_peak=int(sol.meta.predicted_peak_bytes), predicted_overhead=ovh,
+                                        capture_s=plan.capture_s, costs_s=prepared_s - plan.capture_s, solve_s=solve_s,
+                                        status=sol.meta.status), plan.module)
+            del wrapped
     return rows
 
 
@@ -257,13 +266,15 @@ def table(rows: list[dict]) -> str:
                      "predicted", "capture + costs + solve s", "gradients"], out, "lllllrrrrrl")
 
 
-def section(rows: list[dict], command: str, started: str, elapsed: float) -> str:
+def section(rows: list[dict], command: str, started: str, elapsed: float, title: str = SECTION) -> str:
     import torch
 
+    shapes = sorted({(r["hidden"], r["seq"], r["batch"], r["vocab"]) for r in rows})
+    sizes = "; ".join(f"hidden {h}, {b} x {t} tokens, vocab {v}" for h, t, b, v in shapes)
     return "\n".join([
-        SECTION, "",
+        title, "",
         f"`{command}` ({started} UTC, {elapsed / 60:.0f} min; {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__}).  Every method trains the same batch from the same weights; peak = one "
+        f"torch {torch.__version__}; {sizes}).  Every method trains the same batch from the same weights; peak = one "
         "training iteration at the allocator (parameters and gradients included); overhead = median of paired "
         "interleaved iterations against plain PyTorch, minus 1; monet's budgets are 50 % of plain "
         "PyTorch's simulated peak, `budget=\"min\"` and each peer's measured peak (bytes).  Wall time: the capture and the costs "
@@ -309,8 +320,14 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, default=60.0, help="monet's time_limit per solve, s (default 60)")
     p.add_argument("--repeats", type=int, default=7, help="paired iterations per overhead (default 7)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--budgets", default="50%,min", help="monet's budgets besides the peers' peaks: percentages of plain "
+                                                        "PyTorch's simulated peak, or min (default 50%%,min)")
+    p.add_argument("--peers", default="", help="comma-separated prefixes of the peers to run (default: all)")
+    p.add_argument("--lm-loss", action="store_true", help="also solve with the chunked language-model loss "
+                                                          "(monet.lm_loss), at the same budgets in bytes")
     p.add_argument("--cache-dir", default=None, help="monet's cost cache (default: a fresh one per run)")
     p.add_argument("--out", type=Path, default=None, help="markdown file whose section to write (else printed)")
+    p.add_argument("--section", default=SECTION, help=f"the section's heading (default {SECTION!r})")
     p.add_argument("--csv", type=Path, default=None, help="write every row here too")
     p.add_argument("--plot", type=Path, default=None, help="overhead against peak, one panel per configuration")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one configuration as JSON
@@ -332,7 +349,8 @@ def main(argv=None) -> int:
             for dtype in args.dtypes.split(","):
                 cfg = dict(model=model, layers=layers, dtype=dtype, hidden=args.hidden, seq=args.seq, batch=args.batch,
                            vocab=args.vocab, time_limit=args.time_limit, repeats=args.repeats, threads=args.threads,
-                           cache_dir=cache)
+                           cache_dir=cache, budgets=args.budgets.split(","), lm_loss=args.lm_loss,
+                           peers=[x for x in args.peers.split(",") if x])
                 print(f"== {model} {layers} layers {dtype}", file=sys.stderr, flush=True)
                 proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], stdout=subprocess.PIPE,
                                       text=True)
@@ -340,11 +358,11 @@ def main(argv=None) -> int:
                     rows.append(dict(cfg, method="(all)", error=f"the configuration's process exited {proc.returncode}"))
                 else:
                     rows += json.loads(proc.stdout.strip().splitlines()[-1])
-    text = section(rows, command, started, time.perf_counter() - t_start)
+    text = section(rows, command, started, time.perf_counter() - t_start, args.section)
     if args.out:
         from monet.profiling.markdown import write_section
 
-        write_section(args.out, text, SECTION)
+        write_section(args.out, text, args.section)
     else:
         print(text)
     if args.csv:

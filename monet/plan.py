@@ -143,9 +143,9 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             percentage (``"50%"``) of what plain PyTorch holds: its simulated peak, plus the
             optimizer's state, accumulated gradients and ``reserved_bytes`` where given; or
             ``"min"`` (None): the smallest budget found whose recomputation is worth it (normal
-            mode: the smallest within `monet.solver.smallest.KNEE_FACTOR` times the
-            recomputation of the next larger schedule found, the log says what each further MiB
-            would cost; the exact minimum is the one an `InfeasibleBudgetError` names, and
+            mode: the schedules near the smallest feasible one are followed down while one percent
+            of plain PyTorch's peak less costs at most `monet.solver.smallest.KNEE_PRICE` points of
+            overhead, and the log says what each further MiB would cost; the exact minimum is the one an `InfeasibleBudgetError` names, and
             ``if_infeasible="smallest"`` solves there).  With ``optimizer`` its state is taken out
             of the budget first, so the budget can be the GPU's size.
         mode: ``"normal"`` (recompute or keep) or a full-mode string (``"full"``,

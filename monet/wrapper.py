@@ -272,6 +272,14 @@ class MONeTWrapper(nn.Module):
     """
 
     def __init__(self, model: nn.Module, solution, input_shape=None):
+        """Wrap ``model`` (an ``nn.Module``) with ``solution`` (a `Solution`, a solution file's
+        path, or ``"zoo:NAME"``).  ``input_shape``: optional, one sample's shape without the batch
+        dimension, e.g. (3, 224, 224), checked against the solution's at once (a smaller one is
+        accepted: it runs the same schedule); the first training call checks the inputs anyway.
+        A loss the solution traced is put back around the model (`monet.WithLoss`).  Nothing is
+        traced here: the first training call does it.  The class docstring has the errors
+        (`SolutionFileError`, `SolutionMismatchError`, ``TypeError``, `ShardedModelError`) and an
+        example."""
         super().__init__()
         if compat.is_compiled_module(model):
             raise TypeError("MONeTWrapper needs the original model, not a torch.compile result: wrap "

@@ -132,22 +132,20 @@ def min_budget(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: 
     return least, proven
 
 
-#: ``budget="min"`` returns the smallest budget found whose overhead is at most this factor times
-#: the overhead of the next larger schedule of the frontier (`knee`)
-KNEE_FACTOR = 2.0
-#: ... or at most this many points of overhead above it (a fraction of plain PyTorch's iteration)
-KNEE_POINTS = 0.05
+#: ``budget="min"`` descends the frontier of schedules near the smallest budget while saving one
+#: more percent of plain PyTorch's peak costs at most this many points of overhead (`knee`)
+KNEE_PRICE = 10.0
 
 
 def frontier(graph: OpGraph, costs: CostArrays, least: int, R_least: np.ndarray) -> list[tuple[float, float]]:
     """(peak bytes, recomputation seconds) of the schedules near the smallest budget, on their
-    lower-left Pareto front, peak ascending: the smallest-budget schedule (``least`` bytes, its R
+    lower convex hull, peak ascending: the smallest-budget schedule (``least`` bytes, its R
     (T, N)), the block-level schedules of chains of identical blocks (`solver.structured`) and the
     repaired checkpoint sets (`solver.repair.candidate_keeps`), their peaks the ILP's memory (an
     upper bound of the simulator's)."""
     from monet.solver.ilp import allowed
     from monet.solver.repair import repaired_candidates
-    from monet.solver.structured import structured_candidates
+    from monet.solver.structured import lower_hull, structured_candidates
 
     mem = memory_model(graph, costs)
     allow_s = allowed(graph, mem)[2]
@@ -155,36 +153,34 @@ def frontier(graph: OpGraph, costs: CostArrays, least: int, R_least: np.ndarray)
     points = [(float(least), float(rec @ np.asarray(R_least).sum(axis=0)))]
     points += [(c.peak, c.cost) for c in structured_candidates(graph, mem, rec, allow_s, None)]
     points += [(p, c) for _, _, p, c in repaired_candidates(graph, mem, None, allow_s, rec)]
-    front = []
-    for peak, cost in sorted(points):
-        if peak >= least and (not front or cost < front[-1][1]):
-            front.append((peak, cost))
-    return front
+    return [(p, c) for p, c in lower_hull([pt for pt in points if pt[0] >= least])]
 
 
-def knee(front: list[tuple[float, float]], plain_s: float) -> tuple[int, str]:
+def knee(front: list[tuple[float, float]], plain_s: float, plain_bytes: float) -> tuple[int, str]:
     """The budget `budget="min"` solves at, from a `frontier` (peak ascending), and a sentence on
-    what it gives up: the smallest peak whose recomputation is at most `KNEE_FACTOR` times the
-    next larger schedule's, or at most `KNEE_POINTS` of ``plain_s`` (seconds of plain PyTorch's
-    iteration) above it.  A 12-layer GPT-2's smallest schedule was 10 % below per-block
-    checkpointing's peak at +3,455 % overhead against +30 %: the last MiB are seldom worth it."""
-    plain_s = max(float(plain_s), 1e-12)
-    for i, (peak, cost) in enumerate(front):
-        if i + 1 == len(front):
+    what it gives up: from the largest peak down, the frontier is followed while one percent of
+    ``plain_bytes`` (plain PyTorch's peak) less costs at most `KNEE_PRICE` points of overhead
+    (of ``plain_s``, plain PyTorch's iteration, seconds).  A 12-layer GPT-2's smallest schedule was
+    10 % below per-block checkpointing's peak at +3,455 % overhead against +30 %: the last MiB
+    are seldom worth it."""
+    plain_s, plain_bytes = max(float(plain_s), 1e-12), max(float(plain_bytes), 1.0)
+    i = len(front) - 1
+    while i > 0:
+        (p0, c0), (p1, c1) = front[i - 1], front[i]
+        price = (100 * (c0 - c1) / plain_s) / max(100 * (p1 - p0) / plain_bytes, 1e-12)
+        if price > KNEE_PRICE:
             break
-        nxt = front[i + 1][1]
-        if cost <= KNEE_FACTOR * nxt or cost - nxt <= KNEE_POINTS * plain_s:
-            break
+        i -= 1
+    peak, cost = front[i]
     if i == 0:
-        return int(np.ceil(front[0][0])), ""
+        return int(np.ceil(peak)), ""
     p0, c0 = front[0]
-    mib = (peak - p0) / 2**20
-    per_mib = (c0 - cost) / plain_s / max(mib, 1e-9)
+    per_mib = (c0 - cost) / plain_s / max((peak - p0) / 2**20, 1e-9)
     return int(np.ceil(peak)), (f"the smallest budget found is {int(np.ceil(p0))} bytes ({fmt_size(p0)}) at "
                                 f"{100 * c0 / plain_s:+.1f} % recomputation; {fmt_size(peak)} costs "
                                 f"{100 * cost / plain_s:+.1f} %: each MiB below it costs about {100 * per_mib:.1f} "
-                                f"points more (budget=\"min\" solves at the smallest budget within {KNEE_FACTOR:g}x "
-                                f"the recomputation of the next larger schedule found; pass the bytes for less)")
+                                f"points more (budget=\"min\" stops where one percent of plain PyTorch's peak less "
+                                f"would cost more than {KNEE_PRICE:g} points; pass the bytes for less)")
 
 
 def min_budget_lower(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",

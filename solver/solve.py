@@ -41,7 +41,7 @@ from monet.solver.offload import check_offload
 from monet.solver.portfolio import solve_full
 from monet.solver.rounding import solve_rounding
 from monet.solver.simulated import eager_peak, keep_all_matrices, memory_model  # noqa: F401
-from monet.solver.smallest import (KNEE_FACTOR, _smallest, frontier, knee, min_budget, min_budget_lower, searched,  # noqa: F401
+from monet.solver.smallest import (KNEE_PRICE, _smallest, frontier, knee, min_budget, min_budget_lower, searched,  # noqa: F401
                                    smallest_schedule)
 
 # The normal-mode peers by name, for comparisons on the same inputs (`benchmarks/bench_solver.py
@@ -115,8 +115,9 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
           offload_bandwidth: float | None = None, deadline: Deadline | None = None, knee_min: bool = True) -> Solution:
     """Solve at ``budget`` bytes, or when ``budget`` is None at the smallest budget found whose
     recomputation is worth it: in normal mode the `monet.solver.smallest.knee` of the schedules
-    near the smallest feasible budget (the smallest one within `KNEE_FACTOR` times the next larger
-    schedule's recomputation), in the other modes the smallest feasible budget itself.
+    near the smallest feasible budget (followed down while one percent of plain PyTorch's peak less
+    costs at most `KNEE_PRICE` points of overhead), in the other modes the smallest feasible
+    budget itself.
 
     One deadline covers the whole call: the smallest-budget search, the solve at the budget and
     the fallback to the search's schedule share it, so the call returns within ``time_limit``
@@ -160,7 +161,8 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
         if knee_min and mode == "normal" and not offload_bandwidth:
             # the smallest budget worth its recomputation (`knee`), not the last MiB at any price
             R_least = _smallest(graph, costs, mode, solver, 0.0, device, cost_fn)[5]
-            budget, note = knee(frontier(graph, costs, least, R_least), costs.plain_time)
+            budget, note = knee(frontier(graph, costs, least, R_least), costs.plain_time,
+                               eager_peak(graph, costs))
             if note and progress is not None:
                 progress("  " + note)
         if kept and budget == least:

@@ -150,3 +150,20 @@ def test_solver_never_slower_than_per_block_checkpointing(stack):
     # (repaired checkpoint sets) recomputed 2.3x as much here
     found = search(graph, mem, allow_s, costs.fwd_recompute, mem.peak(S, R), None, time.perf_counter())
     assert found is not None and found[2] <= per_block_cost + 1e-12
+
+
+def test_budget_min_stops_where_memory_gets_expensive():
+    """`knee`: from the largest peak down, the frontier is followed while one percent of the plain
+    peak less costs at most KNEE_PRICE points of overhead (a 12-layer GPT-2's frontier, analytic
+    costs: its smallest schedule, 10 % below per-block checkpointing, at +2,383 %)."""
+    from monet.solver.smallest import KNEE_PRICE, knee
+
+    mib, plain_s, plain_bytes = 2**20, 1.0, 300 * 2**20
+    front = [(88.1 * mib, 23.831), (89.8 * mib, 16.846), (98.5 * mib, 0.315), (150.1 * mib, 0.084),
+             (206.4 * mib, 0.034), (273.6 * mib, 0.0)]
+    budget, note = knee(front, plain_s, plain_bytes)
+    assert budget == int(np.ceil(98.5 * mib)) and "each MiB below it costs" in note
+    # cheap all the way down: the smallest budget itself, and nothing to say
+    flat = [(p, 0.001 * (300 - p / mib)) for p, _ in front]
+    assert knee(flat, plain_s, plain_bytes) == (int(np.ceil(88.1 * mib)), "")
+    assert KNEE_PRICE > 0

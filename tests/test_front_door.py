@@ -209,3 +209,24 @@ def test_quiet_call_prints_nothing_at_all(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == "" and proc.stdout == "", proc.stderr[-3000:]
+
+
+def test_the_api_and_its_errors_are_monets():
+    """``import monet`` shows its API (issue 42): the calls, the wrappers and every error type."""
+    import monet
+
+    for name in ("optimize", "prepare", "MONeTWrapper", "WithLoss", "BucketedWrapper", "InfeasibleBudgetError",
+                 "SolutionMismatchError", "SolutionFileError", "CaptureError", "AutocastMismatchError",
+                 "MonetWarning"):
+        assert name in monet.__all__ and name in dir(monet)
+        assert getattr(monet, name) is not None
+    assert issubclass(monet.InfeasibleBudgetError, ValueError)
+    for fn in (monet.optimize, monet.MONeTWrapper, monet.MONeTWrapper.__init__, monet.MONeTWrapper.forward):
+        assert fn.__doc__ and len(fn.__doc__) > 200, fn
+
+
+def test_byte_figures_tell_two_budgets_apart():
+    from monet.solver.ilp import InfeasibleBudgetError
+
+    message = str(InfeasibleBudgetError(3_970_000, 4_710_000, "normal"))
+    assert "3.79 MiB" in message and "4.49 MiB" in message and "GiB" not in message

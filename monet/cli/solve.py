@@ -90,8 +90,8 @@ def add_arguments(p) -> None:
                              '"50%%" of plain PyTorch\'s simulated peak')
     budget.add_argument("--min-budget", action="store_true",
                         help="solve at the smallest feasible budget (found by a first search); in --mode normal "
-                             "at the smallest one whose recomputation is within 2x that of the next larger "
-                             "schedule found (the log says what each further MiB would cost)")
+                             "where one percent of plain PyTorch's peak less would cost more than 10 points of "
+                             "overhead (the log says what each further MiB would cost)")
     p.add_argument("--mode", default="inplace_conv_multiway_newnode",
                    help="what the ILP may choose (MONeT's modes): none (keep everything: plain PyTorch), "
                         "normal (recompute or store), or tokens joined by '_': conv (convolution "
@@ -219,10 +219,10 @@ def run(args) -> int:
                 s["note"] = f"{fmt_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
                     "" if proven or lower is None else f"; no schedule below {fmt_size(lower)} (LP bound)")
             if args.mode == "normal" and not bandwidth:  # the smallest budget worth its recomputation
-                from monet.solver.smallest import _smallest, frontier, knee
+                from monet.solver.smallest import _smallest, frontier, knee  # noqa: I001
 
                 R_least = _smallest(graph, costs, args.mode, args.solver, 0.0, device.split(":")[0], cost_fn)[5]
-                budget, why = knee(frontier(graph, costs, budget, R_least), costs.plain_time)
+                budget, why = knee(frontier(graph, costs, budget, R_least), costs.plain_time, eager)
                 if why:
                     log(f"note: {why}")
         elif budget is None:

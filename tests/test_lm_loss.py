@@ -1,0 +1,109 @@
+"""The language-model head and its cross-entropy as one op over chunks of tokens (issue 41,
+`monet.lm_loss`): PyTorch's loss and gradients (bitwise in one chunk, within 1e-6 in several,
+ignore_index and a bias included), the rewrite of a transformers model's graph, and a GPT-2
+trained with it: its logits gone from the plain peak, its gradients PyTorch's within 1e-6, its
+measured peak under the budget, and its solution loaded back on the model alone."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from monet.lm_loss import find_lm_losses, fuse_lm_loss, fused, liger_chunk, linear_cross_entropy
+from reach_models import missing
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("chunk", [1000, 16, 7])
+def test_the_op_is_pytorchs_cross_entropy(bias, reduction, chunk):
+    torch.manual_seed(0)
+    h = torch.randn(64, 16, requires_grad=True)
+    w = torch.randn(100, 16, requires_grad=True)
+    b = torch.randn(100, requires_grad=True) if bias else None
+    t = torch.randint(0, 100, (64,))
+    t[::5] = -100  # ignored tokens (padding, the last position of a shifted row)
+    leaves = [h, w] + ([b] if bias else [])
+    ref = F.cross_entropy(F.linear(h, w, b).float(), t, ignore_index=-100, reduction=reduction)
+    out = linear_cross_entropy(h, w, b, t, -100, reduction, chunk)
+    g_ref, g_out = torch.autograd.grad(ref, leaves), torch.autograd.grad(out, leaves)
+    if chunk >= 64:  # one chunk: PyTorch's own operators in its order
+        assert torch.equal(out, ref) and all(torch.equal(a, c) for a, c in zip(g_out, g_ref))
+    else:  # sums in another order
+        assert torch.allclose(out, ref, rtol=1e-6, atol=0)
+        assert all((a - c).norm() <= 1e-6 * c.norm() for a, c in zip(g_out, g_ref))
+
+
+def test_liger_chunk_holds_the_hidden_states_bytes():
+    assert liger_chunk(1024, 50257, 768) == 16  # ceil(1024 / ceil(50257 / 768)) = 16
+    assert liger_chunk(10, 100, 1000) == 16  # vocabulary narrower than the hidden state: one chunk
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    reason = missing("transformers")
+    if reason:
+        pytest.skip(reason)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=2048, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).train()
+    ids = torch.randint(0, 2048, (4, 64), generator=torch.Generator().manual_seed(1))
+    return model, dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+def test_the_rewrite_finds_the_head_and_drops_the_logits(gpt2):
+    from monet.frontend import export, training_inputs
+    from monet.inputs import ExampleInputs
+
+    model, batch = gpt2
+    inputs = training_inputs(model, ExampleInputs.of(batch))
+    gm = export(model, inputs)
+    assert len(find_lm_losses(gm)) == 1
+    assert fuse_lm_loss(gm, 64) == 1 and fuse_lm_loss(gm, 64) == 0  # idempotent
+    torch.manual_seed(3)
+    out = gm(*inputs.args, **inputs.kwargs)
+    torch.manual_seed(3)
+    ref = model(**batch)
+    assert out.logits is None and torch.allclose(out.loss, ref.loss, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="chunk"):
+        fuse_lm_loss(export(model, inputs), 0)
+
+
+def test_a_gpt2_trains_with_the_chunked_loss_in_less_memory(gpt2, tmp_path):
+    import monet
+    from monet.profiling.check import step_peak
+
+    model, batch = gpt2
+    kw = dict(cost="analytic", time_limit=10, progress=False)
+    plain = monet.optimize(copy.deepcopy(model), batch, budget="min", **kw)
+    chunked = monet.optimize(copy.deepcopy(model), batch, budget="min", lm_loss="chunked", **kw)
+    meta = chunked.solution.meta
+    assert fused(meta.graph_summary) == liger_chunk(4 * 64, 2048, 32)
+    # the logits (4 x 64 x 2048 floats, 2 MiB) and their gradient no longer in plain PyTorch's peak
+    assert meta.eager_peak_bytes < plain.solution.meta.eager_peak_bytes - 2 * 2**20
+    assert meta.budget_bytes < plain.solution.meta.budget_bytes
+    reference = copy.deepcopy(model)
+    for wrapped in (chunked, monet.MONeTWrapper(copy.deepcopy(model), _saved(chunked, tmp_path))):
+        torch.manual_seed(5)
+        out = wrapped(**batch)
+        out.loss.backward()
+        torch.manual_seed(5)
+        ref = reference(**batch).loss
+        ref.backward()
+        assert out.logits is None and torch.allclose(out.loss, ref, rtol=1e-6, atol=0)
+        theirs = dict(reference.named_parameters())
+        for name, p in wrapped.model.named_parameters():
+            assert (p.grad - theirs[name].grad).norm() <= 1e-6 * theirs[name].grad.norm() + 1e-12, name
+            p.grad = None
+        reference.zero_grad(set_to_none=True)
+        assert step_peak(wrapped, batch) <= meta.budget_bytes
+
+
+def _saved(wrapper, tmp_path):
+    path = tmp_path / "chunked.monet"
+    wrapper.solution.save(path)
+    return path
