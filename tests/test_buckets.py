@@ -47,7 +47,7 @@ def bucketed():
 
     model = _gpt2()
     plain = copy.deepcopy(model)
-    wrapped = monet.optimize(model, _batch(64), budget="60%", buckets=[32, 64], cost="analytic", time_limit=10,
+    wrapped = monet.optimize(model, _batch(64), budget="60%", buckets=[32, 64], cost="analytic", time_limit=5,
                              progress=False)
     return plain, model, wrapped
 
@@ -61,7 +61,7 @@ def test_one_budget_for_every_bucket(bucketed):
     assert sols[64].schedule.recompute_count() > 0  # 60 % of the longest bucket's peak: recomputes
 
 
-@pytest.mark.parametrize("length", [17, 32, 40, 64])
+@pytest.mark.parametrize("length", [17, 40, 64])
 def test_every_length_trains_as_pytorch_under_the_budget(bucketed, length):
     from monet.profiling.check import step_peak
 

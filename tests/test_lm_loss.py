@@ -78,7 +78,7 @@ def test_a_gpt2_trains_with_the_chunked_loss_in_less_memory(gpt2, tmp_path):
     from monet.profiling.check import step_peak
 
     model, batch = gpt2
-    kw = dict(cost="analytic", time_limit=10, progress=False)
+    kw = dict(cost="analytic", time_limit=5, progress=False)
     plain = monet.optimize(copy.deepcopy(model), batch, budget="min", **kw)
     chunked = monet.optimize(copy.deepcopy(model), batch, budget="min", lm_loss="chunked", **kw)
     meta = chunked.solution.meta
