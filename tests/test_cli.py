@@ -331,3 +331,51 @@ def test_check_of_a_gpu_schedule_asks_for_the_cpu_explicitly(capsys):
     assert main(["check", "zoo:resnet50-184-6GB", "--run-bs"]) == 2
     err = capsys.readouterr().err
     assert "--device cpu" in err and "batch 184" in err and "GiB" in err and "Traceback" not in err
+
+
+def _documented_commands():
+    """Every ``monet COMMAND ...`` line of a shell block in README.md and docs/*.md."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        fence = None
+        for line in path.read_text().splitlines():
+            if line.startswith("```"):
+                fence = None if fence is not None else line[3:].strip()
+                continue
+            if fence not in (None, "python") and line.strip().startswith("monet "):
+                out.append((path.name, line.split("#", 1)[0].strip()))
+    return out
+
+
+def test_every_documented_command_names_options_its_parser_has():
+    """Issue 42: each ``monet`` command the docs show names a command and options that exist
+    (checked against the parser, so a renamed flag fails here, not in a reader's shell)."""
+    import shlex
+
+    from monet.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.dest == "command").choices
+    lines = _documented_commands()
+    assert len(lines) >= 15
+    for where, line in lines:
+        if line.split()[1] not in subs and not line.split()[1].startswith("-"):
+            continue  # not a command: an error message, a table row of monet demo's output
+        try:
+            tokens = shlex.split(line.replace("\\", " "))[1:]  # a line continued with a backslash
+        except ValueError as e:
+            raise AssertionError(f"{where}: {line!r} is not a shell command: {e}") from None
+        if not tokens or tokens[0].startswith("-") or not re.fullmatch(r"[a-z]+", tokens[0]):
+            continue  # `monet --help`, or a table row of monet demo's output ("monet 50% ...")
+        assert tokens[0] in subs, (where, line)
+        p, rest = subs[tokens[0]], tokens[1:]
+        nested = [a for a in p._actions if a.choices and isinstance(a.choices, dict)]  # monet zoo list / get ...
+        if nested and rest and rest[0] in nested[0].choices:
+            p, rest = nested[0].choices[rest[0]], rest[1:]
+        known = {s for a in p._actions for s in a.option_strings}
+        for tok in rest:
+            if tok.startswith("-") and not re.fullmatch(r"-?\d[\d.e]*", tok):
+                assert tok.split("=", 1)[0] in known, (where, line, tok)
