@@ -164,7 +164,9 @@ def dynamo_export(model: torch.nn.Module, args: tuple, kwargs: dict, ignore_logg
     Run with ``ignore_logging_functions`` extended by ``ignore_logging`` (logger methods Dynamo may
     skip) and the recompile limits lifted (``recompile_limit``, ``accumulated_recompile_limit``:
     the names since 2.6; ``cache_size_limit`` before): each export leaves a cache entry on the
-    forward's code object, and the ninth export of one class would otherwise be refused.  The
+    forward's code object, and the ninth export of one class would otherwise be refused.  Shapes
+    are static (``automatic_dynamic_shapes`` off, ``assume_static_by_default`` on): a schedule is
+    for fixed shapes, and a second export with other shapes must not turn them symbolic.  The
     signature of ``torch._dynamo.export`` is the same in 2.11-2.15 (``torch.export`` is the public
     successor, but it returns an ExportedProgram without the call's output structure).
     """
@@ -173,8 +175,14 @@ def dynamo_export(model: torch.nn.Module, args: tuple, kwargs: dict, ignore_logg
     check_version()
     limits = {k: 1 << 20 for k in ("recompile_limit", "accumulated_recompile_limit", "cache_size_limit")
               if hasattr(dynamo_config, k)}
+    # static shapes, always: a second export of one model with other shapes (a wrapper's first call
+    # after the capture, an epoch's last batch) made Dynamo's "automatic dynamic" shapes symbolic,
+    # and DenseNet-121's export then failed in F.batch_norm on a symbolic size check (issue 40)
+    static = {k: v for k, v in (("automatic_dynamic_shapes", False), ("assume_static_by_default", True))
+              if hasattr(dynamo_config, k)}
     patch = dynamo_config.patch(
-        ignore_logging_functions=set(dynamo_config.ignore_logging_functions) | set(ignore_logging), **limits)
+        ignore_logging_functions=set(dynamo_config.ignore_logging_functions) | set(ignore_logging), **limits,
+        **static)
     with patch:
         gm, _guards = torch._dynamo.export(model, aten_graph=False)(*args, **kwargs)
     return gm

@@ -31,7 +31,7 @@ def _run(tmp_path, device, *extra):
     work, profiles, out = tmp_path / "work", tmp_path / "profiles", tmp_path / "table.md"
     cmd = [sys.executable, str(SCRIPT), "--step", "all", "--models", MODEL, "--device", device, "--small",
            "--work-dir", str(work), "--profiles-dir", str(profiles), "--out", str(out),
-           "--budgets", ",".join(BUDGETS), "--time-limit", "3", "--repeats", "3", "--compile-budgets", "", "--no-progress",
+           "--budgets", ",".join(BUDGETS), "--time-limit", "3", "--repeats", "1", "--compile-budgets", "", "--no-progress",
            *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
