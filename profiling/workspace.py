@@ -48,8 +48,9 @@ anything else              ``out / 2 + 256``                                    
     which neither this bound nor the allocator-level peak (`monet.profiling.memory`) sees.
 
 [f] `monet.lm_loss`: per chunk the head's logits, their float32 copy and log-softmax (forward);
-    the logits, log-softmax, their gradients, and the weight's gradient as a (H, V) partial
-    product and its transposed copy (backward).  Read from the op's own code, not measured.
+    the logits, log-softmax and their gradients, and in one chunk the weight's gradient as a (H, V)
+    product before its transposed copy (backward; over several chunks it is added in place).
+    Read from the op's own code, not measured.
 
 CUDA (not measured here: no GPU was available).  The bound takes the convolution family as
 ``max(w, out) + in`` and every other family as on CPU without the per-thread terms (one stream, no
@@ -154,8 +155,10 @@ def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None =
         hidden, weight = args[1:3] if back else args[0:2]
         rows = min(int(fx_node.args[-1]), int(hidden.shape[0]))
         vocab, width, size = int(weight.shape[0]), int(weight.shape[1]), weight.element_size()
-        if back:  # logits, their float log-softmax, its gradient, the logits' gradient; the weight's, twice
-            return rows * vocab * (2 * size + 16) + 2 * width * vocab * 4 + 256
+        if back:  # logits, their float log-softmax, its gradient, the logits' gradient; in one chunk
+            # the weight's gradient transposed before its copy (over chunks it is added in place)
+            whole = rows >= int(hidden.shape[0])
+            return rows * vocab * (2 * size + 16) + (width * vocab * size if whole else 0) + 256
         return rows * vocab * (size + 8) + 256  # logits, their float copy, the log-softmax
     if family in ("attention", "attention_backward"):
         q, k = args[1:3] if family == "attention_backward" else args[0:2]

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from monet.lm_loss import find_lm_losses, fuse_lm_loss, fused, liger_chunk, linear_cross_entropy
+from monet.lm_loss import default_chunk, find_lm_losses, fuse_lm_loss, fused, liger_chunk, linear_cross_entropy
 from reach_models import missing
 
 
@@ -39,6 +39,14 @@ def test_the_op_is_pytorchs_cross_entropy(bias, reduction, chunk):
 def test_liger_chunk_holds_the_hidden_states_bytes():
     assert liger_chunk(1024, 50257, 768) == 16  # ceil(1024 / ceil(50257 / 768)) = 16
     assert liger_chunk(10, 100, 1000) == 16  # vocabulary narrower than the hidden state: one chunk
+
+
+def test_default_chunk_bounds_the_number_of_chunks():
+    assert default_chunk(1024, 50257, 768) == 128  # 8 chunks, not Liger's 64
+    assert default_chunk(8 * 1024, 50257, 768) == 256  # at most 256 rows a chunk: 32 chunks
+    assert liger_chunk(8 * 1024, 128256, 512) == 64 and default_chunk(8 * 1024, 128256, 512) == 256
+    assert default_chunk(256, 2048, 32) == 32
+    assert default_chunk(10, 100, 1000) == 16  # Liger's: one chunk
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +90,7 @@ def test_a_gpt2_trains_with_the_chunked_loss_in_less_memory(gpt2, tmp_path):
     plain = monet.optimize(copy.deepcopy(model), batch, budget="min", **kw)
     chunked = monet.optimize(copy.deepcopy(model), batch, budget="min", lm_loss="chunked", **kw)
     meta = chunked.solution.meta
-    assert fused(meta.graph_summary) == liger_chunk(4 * 64, 2048, 32)
+    assert fused(meta.graph_summary) == default_chunk(4 * 64, 2048, 32)
     # the logits (4 x 64 x 2048 floats, 2 MiB) and their gradient no longer in plain PyTorch's peak
     assert meta.eager_peak_bytes < plain.solution.meta.eager_peak_bytes - 2 * 2**20
     assert meta.budget_bytes < plain.solution.meta.budget_bytes
