@@ -24,6 +24,7 @@ from monet.profiling.profiler import hybrid_cost_fn
 from monet.profiling.sources import (COST_SOURCES, QUICK, between_operators, cost_table, measures_times,
                                      operator_scale, quick_dir, quick_profile, recompute_factor,
                                      variant_cost_fn)
+from monet.solver import DEFAULT_GAP
 from monet.solver.choices import implementation_options, option_seconds
 from monet.solver.simulated import eager_peak
 from monet.solver.solve import solve
@@ -154,7 +155,8 @@ def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setu
     implementation full mode picks must be at most as slow as PyTorch's on its nodes, by the costs
     the solver was given.  (At the plain peak itself a faster implementation that needs more
     memory may be paid for with a slower, leaner one elsewhere: whether that is optimal depends on
-    the numbers measured, so on the machine.)"""
+    the numbers measured, so on the machine.)  The solver's contract is an objective within
+    DEFAULT_GAP of the optimum, so a pick may be slower by what that gap allows."""
     model, x, graph, cache = setup
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
     costs = costs_for(graph, table)
@@ -173,12 +175,13 @@ def test_full_mode_never_picks_a_measured_slower_implementation_for_nothing(setu
     for o in options:
         by_key.setdefault(o.key, {})[o.impl] = option_seconds(o)
     chosen = sol.schedule.impl
-    for key, impl in chosen.items():
-        if impl == "default" or key not in by_key:
-            continue
-        assert by_key[key][impl] <= by_key[key]["default"] * (1 + 1e-9), (
-            f"{key}: full mode picked {impl} ({by_key[key][impl]:.3g} s) over PyTorch's kernel "
-            f"({by_key[key]['default']:.3g} s) at the plain peak")
+    slower = {key: by_key[key][impl] - by_key[key]["default"] for key, impl in chosen.items()
+              if impl != "default" and key in by_key and by_key[key][impl] > by_key[key]["default"]}
+    # the solver stops within DEFAULT_GAP of the optimum: a pick slower by a few microseconds than
+    # PyTorch's kernel (relu.mask 0.128 ms against 0.126 ms, measured on a loaded machine) is within
+    # that contract; together they may cost no more than the gap allows
+    assert sum(slower.values()) <= DEFAULT_GAP * sol.meta.objective_s, (
+        f"full mode picked implementations slower than PyTorch's kernels with memory to spare: {slower}")
     assert sol.meta.objective_s <= costs.total_time * (1 + 1e-9)
 
 
