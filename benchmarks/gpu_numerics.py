@@ -2,7 +2,7 @@
 
 On an H100 (torch 2.11.0+cu130) ResNet-50's gradients under monet came out 0.37 (relative L2) off
 plain PyTorch's at every budget, 100 % included where nothing is recomputed, and its BatchNorm
-buffers 9.2e-4 off; GPT-2's were exact (`../shared/gpu/README.md`).  This script decides the cause
+buffers 9.2e-4 off; GPT-2's were exact (the first H100 run, 2026-11).  This script decides the cause
 by experiment, in one run of about a minute on a GPU:
 
 1. **Who differs**: each model's gradients and buffers against plain PyTorch for

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU work of issue 35, as one command per visit of a GPU machine (H100/H200, the GPU image's
 # Python 3.12 and torch 2.11.0+cu130, no network).  Prepare here once (wheels of cvxpy, cylp, highspy
-# into .whl/; `bash ../shared/gpu/prepare.sh`), then run with the device tool, carrying .whl:
+# into .whl/ and an env script into .gpu/, made where there is network), then run with the device tool, carrying .whl:
 #
 #     bash benchmarks/gpu_visit.sh first            # decisive runs, about 9 minutes
 #     bash benchmarks/gpu_visit.sh table MODELS     # measure solved schedules (after `gpu_table.py --step solve` here)
