@@ -107,8 +107,9 @@ def max_rel(a: dict, b: dict) -> float:
     return worst
 
 
-def candidates(model: nn.Module, batch):
-    """name -> a function building the candidate from a fresh copy of ``model``."""
+def candidates(model: nn.Module, batch, half: bool = True):
+    """name -> a function building the candidate from a fresh copy of ``model`` (``half``: with a
+    normal-mode schedule at 50 % of the plain peak, solved here)."""
     from monet.capture import capture
     from monet.profiling.costs import analytic_costs, costs_for
     from monet.solver.solve import eager_peak, solve
@@ -118,18 +119,21 @@ def candidates(model: nn.Module, batch):
     costs = costs_for(graph, analytic_costs(graph))
     info = dict(model=type(model).__name__, device=str(next(model.parameters()).device.type))
     keep = solve(graph, costs, None, "none", info=info)
+    makers = {
+        "plain": lambda m: m,
+        "aot_eager": lambda m: torch.compile(m, backend="aot_eager", fullgraph=True),
+        "monet_keep_all": lambda m: MONeTWrapper(m, keep),
+    }
+    if not half:
+        return makers
     try:
         half = solve(graph, costs, int(0.5 * eager_peak(graph, costs)), "normal", time_limit=20, info=info)
     except Exception as e:  # noqa: BLE001 - an infeasible budget: the smallest feasible one
         log(f"50 %: {type(e).__name__}: {str(e)[:200]}; solving at the smallest budget")
         half = solve(graph, costs, None, "normal", time_limit=20, info=info)
 
-    return {
-        "plain": lambda m: m,
-        "aot_eager": lambda m: torch.compile(m, backend="aot_eager", fullgraph=True),
-        "monet_keep_all": lambda m: MONeTWrapper(m, keep),
-        f"monet_{half.schedule.recompute_count()}_recomputations": lambda m: MONeTWrapper(m, half),
-    }
+    makers[f"monet_{half.schedule.recompute_count()}_recomputations"] = lambda m: MONeTWrapper(m, half)
+    return makers
 
 
 @contextlib.contextmanager
@@ -149,14 +153,32 @@ def numerics(name: str):
                 yield
             finally:
                 torch.backends.cudnn.deterministic = before
+    elif name == "fp32_no_cudnn":
+        # cuDNN off: eager's BatchNorm then runs ATen's native kernel, the one the captured graph
+        # (native_batch_norm) runs; convolutions run ATen's own kernels in both
+        before = torch.backends.cudnn.enabled
+        with strict_fp32():
+            torch.backends.cudnn.enabled = False
+            try:
+                yield
+            finally:
+                torch.backends.cudnn.enabled = before
     else:
         raise ValueError(name)
 
 
-def who_differs(model: nn.Module, batch) -> list[dict]:
+NUMERICS = ("default", "fp32", "fp32_deterministic", "fp32_no_cudnn")
+
+
+def who_differs(model: nn.Module, batch, settings=NUMERICS, which=None) -> list[dict]:
     rows = []
-    makers = candidates(model, batch)
-    for num in ("default", "fp32", "fp32_deterministic"):
+    """Each candidate's gradients and buffers against plain PyTorch's under each numerics setting.
+    ``which``: candidate names to keep (``monet_half`` stands for the 50 % schedule); None: all."""
+    half = which is None or "monet_half" in which
+    makers = candidates(model, batch, half=half)
+    if which is not None:
+        makers = {k: v for k, v in makers.items() if k in which or (half and k.endswith("_recomputations"))}
+    for num in settings:
         with numerics(num):
             torch.compiler.reset()
             ref_g, ref_b = grads_and_buffers(copy.deepcopy(model), batch)
@@ -210,7 +232,7 @@ def module_outputs_graph(model: nn.Module, batch) -> dict[str, torch.Tensor]:
             return val
 
     def fw_compiler(gm, _inputs):
-        return boxed_function(lambda args: Recorder(gm).run(*args))
+        return boxed_function(lambda *args: Recorder(gm).run(*args))
 
     def bw_compiler(gm, _inputs):
         return boxed_function(gm)
@@ -231,9 +253,13 @@ def _clean(path: str) -> str:
     return p.strip(".")
 
 
-def where_they_part(model: nn.Module, batch, threshold: float = 1e-6) -> dict:
+def where_they_part(model: nn.Module, batch, threshold: float = 1e-6,
+                    settings=("default", "fp32", "fp32_no_cudnn")) -> dict:
+    """Per numerics setting: each leaf module's forward output in the captured graph against eager
+    PyTorch's (relative max difference) and the first module where they part by more than
+    ``threshold``."""
     out = {}
-    for num in ("default", "fp32"):
+    for num in settings:
         with numerics(num):
             eager = module_outputs_eager(copy.deepcopy(model), batch)
             graph = module_outputs_graph(copy.deepcopy(model), batch)
@@ -258,6 +284,14 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--models", default="resnet50,gpt2")
     p.add_argument("--small", action="store_true", help="tiny configurations (default on the CPU)")
+    p.add_argument("--numerics", default=",".join(NUMERICS),
+                   help=f"settings to compare under, comma-separated (default all: {','.join(NUMERICS)})")
+    p.add_argument("--candidates", default="plain,aot_eager,monet_keep_all,monet_half",
+                   help="who to compare with plain PyTorch (monet_half: a schedule solved at 50 %% of the "
+                        "plain peak, which takes a solve)")
+    p.add_argument("--where-first", action="store_true",
+                   help="locate the first module where the captured forward parts from eager before "
+                        "comparing gradients (the quicker, more decisive experiment)")
     args = p.parse_args(argv)
     small = args.small or args.device == "cpu"
     from monet.compat import numerics as settings
@@ -271,14 +305,18 @@ def main(argv=None) -> int:
         model, batch = build(name, args.device, small)
         log(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters")
         entry = {}
-        try:
-            entry["who_differs"] = who_differs(model, batch)
-            entry["where"] = where_they_part(model, batch)
-        except Exception as e:  # noqa: BLE001 - recorded
-            entry["error"] = f"{type(e).__name__}: {e}"
-            log(f"{name}: {entry['error']}")
         result["models"][name] = entry
-        (args.out / "numerics.json").write_text(json.dumps(result, indent=1, default=str))
+        where_settings = [n for n in args.numerics.split(",") if n != "fp32_deterministic"]
+        steps = [("where", lambda: where_they_part(model, batch, settings=where_settings)),
+                 ("who_differs", lambda: who_differs(model, batch, args.numerics.split(","),
+                                                     args.candidates.split(",")))]
+        for key, run in (steps if args.where_first else steps[::-1]):
+            try:
+                entry[key] = run()
+            except Exception as e:  # noqa: BLE001 - recorded
+                entry[f"{key}_error"] = f"{type(e).__name__}: {e}"
+                log(f"{name}: {entry[f'{key}_error']}")
+            (args.out / "numerics.json").write_text(json.dumps(result, indent=1, default=str))
     log(f"wrote {args.out / 'numerics.json'}")
     return 0
 

@@ -17,7 +17,9 @@ files in ``--work-dir``, so the solve can run on a laptop between two GPU sessio
    rebuilt for that GPU on a laptop.  Writes ``WORK/MODEL/profile.json``.
 2. **solve** (on a CPU): capture the same graph on the meta device (an autocast graph on its own
    device type, so GPT-2's bf16 CUDA graph needs a machine with CUDA, though only its CPU works),
-   cost it from that profile (`monet.zoo.build.zoo_costs`) and solve every budget in full mode
+   count its bytes as the profiled device does (`monet.graph.OpGraph.counted_on`: on CUDA the
+   allocator's 512-byte blocks and the cuBLAS workspaces of the GPU the profile recorded), cost it
+   from that profile (`monet.zoo.build.zoo_costs`) and solve every budget in full mode
    (``inplace_conv_multiway_newnode``, ``--time-limit`` seconds each, default 60) with
    `monet.solver.solve.solve`.  Budgets: 10, 8, 6 and 5 GB (2^30 bytes) for MONeT's five
    configurations (ResNet-50 184, GoogLeNet 320, UNet 11 at 3x416x608, MobileNetV2 272, VGG-16 176,
@@ -199,8 +201,9 @@ def step_profile(cfg: Config, args, log: Log) -> dict:
     table = profile_costs(model, x, graph, args.device, repeats=args.profile_repeats,
                           warmup=args.profile_warmup, progress=args.progress)
     save_costs(table, path)
+    capability = list(graph.cuda_capability) if graph.cuda_capability else None
     manifest = dict(config=asdict(cfg), device=args.device, device_name=device_name(args.device),
-                    fingerprint=graph.fingerprint, profile=str(path), torch=torch.__version__,
+                    cuda_capability=capability, fingerprint=graph.fingerprint, profile=str(path), torch=torch.__version__,
                     seconds=time.perf_counter() - t0)
     _write_json(args.work_dir / cfg.model / "profile.json", manifest)
     log(f"  profiled in {manifest['seconds']:.1f} s: forward {table[table.kind == 'fwd'].time_s.sum() * 1e3:.1f} ms, "
@@ -218,7 +221,9 @@ def step_solve(cfg: Config, args, log: Log) -> dict:
     prof = _read_json(args.work_dir / cfg.model / "profile.json", "profile", cfg.model)
     target = prof["device"].split(":")[0]
     log(f"{cfg.model}: solve for {prof['device_name']}: capturing")
-    graph = capture_config(cfg, target)
+    # count bytes as the profiled device does (a meta capture counts them as the CPU does): on CUDA
+    # the allocator's blocks and the cuBLAS workspaces of the profiled GPU are in every budget
+    graph = capture_config(cfg, target).counted_on(target, prof.get("cuda_capability"))
     if graph.fingerprint != prof["fingerprint"]:
         raise BenchError(f"{cfg.model}: the graph captured here ({graph.fingerprint[:16]}) is not the profiled one "
                          f"({prof['fingerprint'][:16]}, torch {prof['torch']}): solve with the torch version and "

@@ -4,6 +4,7 @@
 # into .whl/ and an env script into .gpu/, made where there is network), then run with the device tool, carrying .whl:
 #
 #     bash benchmarks/gpu_visit.sh first            # decisive runs, about 9 minutes
+#     bash benchmarks/gpu_visit.sh second [MODELS]  # after "first": probe, cuda tests, numerics, measure solved MODELS
 #     bash benchmarks/gpu_visit.sh table MODELS     # measure solved schedules (after `gpu_table.py --step solve` here)
 #
 # "first": the `cuda` tests; the gradient experiments (benchmarks/gpu_numerics.py: TF32, BatchNorm,
@@ -69,6 +70,22 @@ case "$phase" in
     done
     mkdir -p "$work/profiles" && cp zoo/profiles/*.csv "$work/profiles/" 2>/dev/null
     ;;
+  second)  # after the first visit: the fixes of its failures, the decisive numerics, ResNet-50's row
+    step probe 60 python3 benchmarks/gpu_probe.py --out "$work/probe.json"
+    step cuda_tests 200 python3 -m pytest -m cuda -n 0 -q -p no:cacheprovider --basetemp "$work/pytest" tests/
+    step numerics 170 python3 benchmarks/gpu_numerics.py --out "$work" --models resnet50 --where-first \
+      --numerics default,fp32_deterministic,fp32_no_cudnn --candidates plain,aot_eager,monet_keep_all
+    if [ -d gpu_work ]; then
+      cp -r gpu_work "$work/"
+      for m in ${models//,/ }; do
+        [ -f "gpu_work/$m/solve.json" ] || continue
+        left=$(( 560 - ($(date +%s) - t_start) ))
+        [ "$left" -gt 60 ] || { echo "measure $m: skipped, $left s left" | tee -a "$steps"; continue; }
+        step "measure_$m" $(( left - 20 )) python3 benchmarks/gpu_table.py --step measure --models "$m" --device cuda \
+          --work-dir "$work/gpu_work" --out "$work/gpu_table.md" --repeats 5
+      done
+    fi
+    ;;
   table)
     [ -d gpu_work ] || { echo "gpu_work/ (the solved schedules) was not carried" | tee -a "$steps"; exit 2; }
     cp -r gpu_work "$work/"
@@ -79,7 +96,7 @@ case "$phase" in
         --work-dir "$work/gpu_work" --out "$work/gpu_table.md"
     done
     ;;
-  *) echo "unknown phase $phase (first, table)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (first, second, table)" >&2; exit 2 ;;
 esac
 
 tar czf "$OUT/visit-$phase.tar.gz" -C "$work" . && ls -la "$OUT"

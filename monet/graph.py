@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -216,6 +217,28 @@ class OpGraph:
         """`fingerprint` of the `portable_summary`: the same on every admitted torch release for
         one model (what recorded tables and committed files that must hold across releases use)."""
         return fingerprint(portable_summary(self.summary))
+
+    def counted_on(self, device: str, capability: tuple[int, int] | None = None) -> "OpGraph":
+        """This graph with its bytes counted as on ``device`` (a shallow copy; ``device`` and
+        ``cuda_capability`` set, everything else shared).
+
+        A capture on the meta device counts bytes as the CPU does; a schedule solved from it for a
+        CUDA GPU must count them as CUDA's caching allocator does (512-byte blocks, the cuBLAS
+        workspaces: `monet.profiling.cuda_memory.memory_terms`), or its budget leaves those bytes out
+        (64 MiB on an H100).
+
+        Args:
+            device: ``"cuda"`` or ``"cpu"``.
+            capability: the target GPU's compute capability (major, minor), which sizes the cuBLAS
+                workspace; None: unknown (the largest default, 32 MiB per thread, is counted).
+
+        Raises:
+            ValueError: for another device type.
+        """
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f"counted_on: device must be 'cuda' or 'cpu', got {device!r}")
+        cap = tuple(int(c) for c in capability) if capability is not None and device == "cuda" else None
+        return dataclasses.replace(self, device=device, cuda_capability=cap)
 
     def describe(self) -> str:
         amp = f", {mixed_precision.describe(self.autocast)}" if self.autocast else ""

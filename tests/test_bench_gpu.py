@@ -68,6 +68,8 @@ def _check(work, profiles, out, device):
         assert all(r["reserved_bytes"] >= r["allocated_bytes"] for r in res["rows"])
     # the profile lies where `monet zoo build` looks for it, named as the profile cache names it
     manifest = json.loads((work / MODEL / "profile.json").read_text())
+    # the solve step counts bytes as on the GPU the profile recorded (cuBLAS workspaces by capability)
+    assert manifest["cuda_capability"] == (list(torch.cuda.get_device_capability()) if device == "cuda" else None)
     gt = _module()
     graph = gt.capture_config(gt.small_configs()[MODEL], device)
     found = find_profile(graph, profiles)

@@ -2,7 +2,6 @@
 the memory model (simulator and ILP) counting them for a CUDA graph, on any machine."""
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -71,7 +70,7 @@ def gpt2():
 
 
 def _cuda(graph, capability=(9, 0)):
-    return dataclasses.replace(graph, device="cuda", cuda_capability=capability)
+    return graph.counted_on("cuda", capability)
 
 
 def test_library_workspaces_once_per_pass(gpt2):

@@ -25,6 +25,7 @@ from monet import mixed_precision
 from monet.capture import capture
 from monet.cli import main
 from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
+from monet.profiling.cuda_memory import memory_terms
 from monet.solution import (FORMAT_VERSION, MAGIC, AutocastMismatchError, SolutionFileError, SolutionMeta,
                             SolutionMismatchError, describe, load_solution, save_solution)
 from monet.solver.solve import eager_peak, solve
@@ -331,8 +332,12 @@ def test_cuda_autocast_schedule(dtype):
     name = str(dtype).removeprefix("torch.")
     assert graph.autocast == ("cuda", name) and graph.summary[-1] == f"autocast cuda {name}"
     costs = costs_for(graph, analytic_costs(graph, DeviceSpec.named("h100")))
-    sol = solve(graph, costs, int(0.7 * eager_peak(graph, costs)), "normal", time_limit=20,
-                info=dict(INFO, device="cuda"))
+    # 70 % of the activations: the cuBLAS workspaces (64 MiB on an H100 against this model's few
+    # hundred KiB) are held through the step whatever the schedule, so 70 % of the whole peak is
+    # infeasible (the H100 run of 2026-11-27: smallest feasible 64.30 MiB, budget 45.15 MiB)
+    held = memory_terms(graph).library_bytes
+    budget = held + int(0.7 * (eager_peak(graph, costs) - held))
+    sol = solve(graph, costs, budget, "normal", time_limit=20, info=dict(INFO, device="cuda"))
     assert sol.schedule.recompute_count() > 0 and sol.meta.autocast == ("cuda", name)
     g = torch.randn(BATCH, 5, device="cuda", dtype=dtype)
 

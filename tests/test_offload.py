@@ -7,6 +7,7 @@ does not see (the simulated transfer), so the measured peak drops as the ILP pre
 from __future__ import annotations
 
 import copy
+import gc
 
 import numpy as np
 import pytest
@@ -232,8 +233,13 @@ def test_cuda_offload_schedule():
     def on_gpu():
         return copy.deepcopy(model).cuda()
 
+    del graph, costs  # the capture's Dynamo export may hold device tensors of its own
+    gc.collect()
+    residue = torch.cuda.memory_allocated() - x.nbytes - g.nbytes  # on the device before the wrapped model
     measured = measure_iteration_peak(MONeTWrapper(on_gpu(), sol, (64,)), x, g)
-    assert measured <= least * 1.02  # the caching allocator rounds blocks up to 512 bytes
+    # the memory model counts blocks and the BLAS workspaces (monet.profiling.cuda_memory); what is
+    # left is the allocator's split slack, at most 1 MiB per large block, none for this chain's blocks
+    assert measured <= least * 1.02, dict(measured=measured, least=least, over=measured - least, residue=residue)
     _, grads_equal, _ = compare_gradients(
         lambda: MONeTWrapper(on_gpu(), keep, (64,)), lambda: MONeTWrapper(on_gpu(), sol, (64,)), x, g)
     assert grads_equal
