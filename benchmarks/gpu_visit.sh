@@ -82,7 +82,7 @@ case "$phase" in
         left=$(( 560 - ($(date +%s) - t_start) ))
         [ "$left" -gt 60 ] || { echo "measure $m: skipped, $left s left" | tee -a "$steps"; continue; }
         step "measure_$m" $(( left - 20 )) python3 benchmarks/gpu_table.py --step measure --models "$m" --device cuda \
-          --work-dir "$work/gpu_work" --out "$work/gpu_table.md" --repeats 5
+          --work-dir "$work/gpu_work" --out "$work/gpu_table.md" --repeats 5 --compile-budgets ""
       done
     fi
     ;;
