@@ -25,9 +25,12 @@
    on compute capability 9.x (Hopper; PyTorch's PR #89027) and, in the sources read for 2.12 and later,
    10.x and 12.x (Blackwell, PR #175344 of 2026-02-19; a revert, #182669, was closed unmerged), else
    ``:4096:2:16:8`` = 8 MiB + 128 KiB.  cuBLASLt (``addmm`` with a bias epilogue, ``_scaled_mm`` ...)
-   shares that same allocation by default in 2.11-2.15 ("unified" workspaces, PR #168175, on unless
-   ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``); with it off, cuBLASLt keeps a second workspace of
-   ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024 KiB) per (handle, stream): `cublaslt_workspace_bytes`.
+   shares that same allocation by default from 2.12 ("unified" workspaces, PR #168175, on unless
+   ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``; PR #175879 of 2026-03-02 made the allocation follow the
+   setting); in 2.11 it does not: on an H100 with 2.11.0+cu130 (2026-11-27, benchmarks/gpu_probe.py)
+   the first ``a @ b`` of a thread allocated 32 MiB and the first ``addmm`` with a bias 1 MiB more.
+   A cuBLASLt workspace not shared is ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024 KiB) per (handle,
+   stream), allocated by a thread's first cuBLASLt op (`LT_OPS`): `cublaslt_workspace_bytes`.
    Handles are per thread (``DeviceThreadHandlePool``): the forward pass runs in the caller's thread,
    the backward pass in autograd's device thread, so a training step that multiplies matrices in both
    holds two workspaces, 64 MiB on an H100 (`library_workspace_bytes`).  They are allocated in the
@@ -83,7 +86,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "round_size", "pool_of", "split_slack_bound",
-           "cublas_workspace_bytes", "cublaslt_workspace_bytes", "BLAS_OPS", "uses_blas",
+           "cublas_workspace_bytes", "cublaslt_workspace_bytes", "BLAS_OPS", "LT_OPS", "uses_blas",
            "library_workspace_bytes", "MemoryTerms", "memory_terms", "sized_graph", "parse_roundup_divisions",
            "ROUNDUP_INTERVALS"]
 
@@ -213,17 +216,26 @@ def cublas_workspace_bytes(capability: tuple[int, int] | None, config: str | Non
     return default
 
 
-def cublaslt_workspace_bytes(unified: bool | None = None, size_kib: str | None = None) -> int:
+def cublaslt_workspace_bytes(unified: bool | None = None, size_kib: str | None = None,
+                             release: tuple[int, int] | None = None) -> int:
     """Bytes of a separate cuBLASLt workspace per (handle, stream), 0 when it shares cuBLAS's
     (``getCUDABlasLtWorkspace``, CublasHandlePool.cpp 2.11-2.15).
 
     Args:
-        unified: cuBLASLt uses the cuBLAS workspace (the default in 2.11-2.15 outside Meta's builds,
-            PR #168175); None: from ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` (unset or not "0": True).
+        unified: cuBLASLt uses the cuBLAS workspace; None: from ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``
+            ("0", "false", "off": False) when set, else the default of ``release``: shared from 2.12
+            (PR #168175, its allocation fixed by PR #175879), separate in 2.11 (measured on an H100).
         size_kib: ``CUBLASLT_WORKSPACE_SIZE`` in KiB (default: the environment's, else 1024).
+        release: torch's (major, minor); None: the installed torch's (`monet.compat.torch_version`).
     """
     if unified is None:
-        unified = os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1").strip().lower() not in ("0", "false", "off")
+        text = os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE")
+        if text is not None and text.strip():
+            unified = text.strip().lower() not in ("0", "false", "off")
+        else:
+            from monet.compat import torch_version
+
+            unified = (release or torch_version()) >= (2, 12)
     if unified:
         return 0
     text = size_kib if size_kib is not None else os.environ.get("CUBLASLT_WORKSPACE_SIZE")
@@ -242,6 +254,12 @@ BLAS_OPS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default
                       "aten._int_mm.default", "aten.linear.default", "aten.matmul.default", "aten.addr.default"})
 
 
+#: The ops of `BLAS_OPS` that PyTorch runs through cuBLASLt (a bias epilogue, scaled and integer
+#: products), which allocate a thread's cuBLASLt workspace when it is not shared.
+LT_OPS = frozenset({"aten.addmm.default", "aten._addmm_activation.default", "aten._scaled_mm.default",
+                    "aten._int_mm.default", "aten.linear.default", "aten.baddbmm.default"})
+
+
 def uses_blas(op: str) -> bool:
     """Whether the ATen op ``op`` (``OpGraph`` node ``op`` string) runs a cuBLAS / cuBLASLt kernel."""
     return op in BLAS_OPS
@@ -252,12 +270,15 @@ def library_workspace_bytes(graph, capability: tuple[int, int] | None = None) ->
     `cublas_workspace_bytes` (+ `cublaslt_workspace_bytes`) per thread that runs a matrix product,
     the caller's thread for the forward pass if a forward node does, autograd's device thread for the
     backward pass if a backward node does or a forward node does (the schedule may recompute it
-    there).  ``capability``: default ``graph.cuda_capability``.  Bytes, block-rounded."""
+    there); the cuBLASLt workspace in a thread that may run one of `LT_OPS`.  ``capability``: default
+    ``graph.cuda_capability``.  Bytes, block-rounded."""
     cap = capability if capability is not None else getattr(graph, "cuda_capability", None)
-    per_thread = round_size(cublas_workspace_bytes(cap)) + round_size(cublaslt_workspace_bytes())
+    blas, lt = round_size(cublas_workspace_bytes(cap)), round_size(cublaslt_workspace_bytes())
     fwd = any(uses_blas(n.op) for n in graph.fwd)
     bwd = fwd or any(uses_blas(n.op) for n in graph.bwd)
-    return per_thread * (int(fwd) + int(bwd))
+    fwd_lt = any(n.op in LT_OPS for n in graph.fwd)
+    bwd_lt = fwd_lt or any(n.op in LT_OPS for n in graph.bwd)
+    return blas * (int(fwd) + int(bwd)) + (lt * (int(fwd_lt) + int(bwd_lt)) if lt else 0)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,33 @@ def test_cublas_workspace_sizes():
     assert cm.cublaslt_workspace_bytes(unified=False, size_kib="2048") == 2 * MiB
 
 
+def test_cublaslt_workspace_by_release(monkeypatch):
+    """Separate in torch 2.11 (an H100 with 2.11.0+cu130: the first addmm with a bias allocated 1 MiB
+    beside cuBLAS's 32 MiB), shared from 2.12; the environment variable decides when set."""
+    monkeypatch.delenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    assert cm.cublaslt_workspace_bytes(release=(2, 11)) == MiB
+    assert cm.cublaslt_workspace_bytes(release=(2, 12)) == 0
+    monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")
+    assert cm.cublaslt_workspace_bytes(release=(2, 13)) == MiB
+    monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1")
+    assert cm.cublaslt_workspace_bytes(release=(2, 11)) == 0
+
+
+def test_library_workspaces_on_torch_2_11(gpt2, monkeypatch):
+    """GPT-2's addmm (a bias epilogue) runs cuBLASLt in both threads: 2 x (32 MiB + 1 MiB) on 2.11;
+    a bias-free product (mm) allocates no cuBLASLt workspace."""
+    import monet.compat
+
+    monkeypatch.delenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    monkeypatch.setattr(monet.compat, "torch_version", lambda: (2, 11))
+    graph, _ = gpt2
+    assert cm.library_workspace_bytes(graph, (9, 0)) == 2 * 33 * MiB
+    nobias = capture(torch.nn.Linear(8, 8, bias=False), torch.randn(4, 8, requires_grad=True))
+    assert cm.library_workspace_bytes(nobias, (9, 0)) == 2 * 32 * MiB
+
+
 @pytest.fixture(scope="module")
 def gpt2():
     """A tiny GPT-2 (matrix products in both passes, odd-sized LayerNorm statistics) and its costs."""
