@@ -378,11 +378,20 @@ def drop_detaches(bw_graph: fx.Graph) -> int:
     return count
 
 
+def _in_place_batch_norms() -> dict:
+    """Functional training BatchNorm -> (the op updating the running statistics in place, how many
+    of its outputs it returns: None for all, the running statistics themselves at 3 and 4)."""
+    from monet.impls.batchnorm import cudnn_batch_norm_functional, cudnn_batch_norm_inplace
+
+    return {_aten._native_batch_norm_legit_functional.default: (_aten._native_batch_norm_legit.default, 3),
+            cudnn_batch_norm_functional: (cudnn_batch_norm_inplace, None)}
+
+
 def _new_running_stat(node: fx.Node) -> bool:
-    """A new running mean or variance: output 3 or 4 of ``_native_batch_norm_legit_functional``."""
+    """A new running mean or variance: output 3 or 4 of a functional BatchNorm
+    (``_native_batch_norm_legit_functional``, `monet.impls.batchnorm.cudnn_batch_norm_functional`)."""
     return (node.op == "call_function" and node.target is operator.getitem and node.args[1] in (3, 4)
-            and isinstance(node.args[0], fx.Node)
-            and node.args[0].target is _aten._native_batch_norm_legit_functional.default)
+            and isinstance(node.args[0], fx.Node) and node.args[0].target in _in_place_batch_norms())
 
 
 def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
@@ -394,7 +403,8 @@ def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
     new value into its buffer after the forward module (``orig.copy_(new)``): per BatchNorm two
     clones and two copies that eager PyTorch does not run (small tensors: on the CPU about 5 us per
     BatchNorm layer; on a GPU four kernel launches).  Rewritten, the op is
-    ``_native_batch_norm_legit`` (updates ``running_mean`` and ``running_var`` in place), and the
+    ``_native_batch_norm_legit`` (`monet.impls.batchnorm.cudnn_batch_norm_inplace` for cuDNN's, on CUDA)
+    (updates ``running_mean`` and ``running_var`` in place), and the
     module returns the buffers themselves as their new values, which the runtime's ``copy_`` then
     skips (ATen returns early when source and destination are the same data).
     ``num_batches_tracked`` keeps its functional ``add``: ``add_`` with a Python number allocates
@@ -415,22 +425,24 @@ def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
 
     swap: dict[fx.Node, fx.Node] = {}  # a new value returned to the runtime -> the buffer itself
     count = 0
+    in_place = _in_place_batch_norms()
     for n in list(fw_graph.nodes):
         if n.op != "call_function":
             continue
-        if n.target is _aten._native_batch_norm_legit_functional.default:
+        if n.target in in_place:
+            target, kept = in_place[n.target]
             rm, rv = n.args[3], n.args[4]
             outs = {u.args[1]: u for u in n.users}
             if not (sole_reader(rm, n) and sole_reader(rv, n) and rm is not rv
                     and all(set(outs[i].users) <= {out} for i in (3, 4) if i in outs)):
                 continue
             with fw_graph.inserting_before(n):
-                new = fw_graph.call_function(_aten._native_batch_norm_legit.default, n.args, n.kwargs)
+                new = fw_graph.call_function(target, n.args, n.kwargs)
             new.meta = {k: v for k, v in n.meta.items() if k != "val"}
             if isinstance(n.meta.get("val"), (tuple, list)):
-                new.meta["val"] = tuple(n.meta["val"][:3])
+                new.meta["val"] = tuple(n.meta["val"][:kept])
             for i, u in outs.items():
-                if i < 3:
+                if i not in (3, 4):
                     u.args = (new, i)
                 else:
                     swap[u] = rm if i == 3 else rv
@@ -442,7 +454,7 @@ def update_buffers_in_place(fw_graph: fx.Graph, buffers: set[str]) -> int:
         for u in swap:
             fw_graph.erase_node(u)
         for n in list(fw_graph.nodes):
-            if n.target is _aten._native_batch_norm_legit_functional.default and not n.users:
+            if n.target in in_place and not n.users:
                 fw_graph.erase_node(n)
     return count
 

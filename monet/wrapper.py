@@ -107,6 +107,9 @@ class ScheduledModule(nn.Module):
             if schedule.impl:
                 from monet.impls import apply_impls
                 graph = apply_impls(graph, schedule.impl)
+            if graph.device == "cuda":  # eager PyTorch's kernels (cuDNN's BatchNorm), same memory
+                from monet.impls import lower_for_device
+                graph = lower_for_device(graph)
             fw, bw = build_modules(graph, schedule, **RUNTIME)
             holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
             return fw, bw

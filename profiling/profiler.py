@@ -385,14 +385,19 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
     with on_device, torch.random.fork_rng(devices=rng_devices), torch.no_grad(), \
             tqdm(total=total, disable=not progress, desc=f"profiling on {dev}", unit="op") as pbar:
         torch.manual_seed(0)
-        args = joint_inputs(model, example_input, graph, dev)
-        interp = ProfilingInterpreter(graph, dev, repeats, warmup, pbar, source, only, in_context)
+        # what the executor runs on this device (`monet.impls.lower_for_device`: cuDNN's BatchNorm on
+        # CUDA); the rows keep ``graph``'s node ids and op names
+        from monet.impls import lower_for_device
+
+        run = lower_for_device(graph) if dev.type == "cuda" else graph
+        args = joint_inputs(model, example_input, run, dev)
+        interp = ProfilingInterpreter(run, dev, repeats, warmup, pbar, source, only, in_context)
         interp.run(*args, enable_io_processing=False)
         if in_context:
             times: dict = {}
             pbar.set_description(f"timing {len(interp.main)} ops in sequence on {dev}")
             for i in range(warmup + repeats):
-                ContextTimer(graph, dev, interp.main, times if i >= warmup else {}).run(
+                ContextTimer(run, dev, interp.main, times if i >= warmup else {}).run(
                     *args, enable_io_processing=False)
             for key, row in interp.rows.items():
                 row["time_s"] = row["recompute_s"] = float(statistics.median(times[key]))
@@ -405,6 +410,7 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
             continue
         if row is None:  # every node of the graph is an op of the joint graph, so it ran
             raise RuntimeError(f"{node.kind} node {node.id} ({node.name}) was not executed by the joint graph")
+        row["op"] = node.op  # a lowered node is costed as the op it stands for
         row["flops"] = node_flops(by_name[node.name])
         row["bytes_moved"] = node_bytes_moved(by_name[node.name])
         rows.append(row)

@@ -4,4 +4,4 @@ Importing this package registers every implementation (`monet.impls.registry.IMP
 """
 from monet.impls import activation, attention, batchnorm, conv, dropout, pooling  # noqa: F401  (registration)
 from monet.impls.registry import (DEFAULT, IMPLS, MODE_TOKENS, MODES, Impl, apply_impls, impls_for,  # noqa: F401
-                                  mode_tokens, variant)
+                                  lower_for_device, mode_tokens, variant)

@@ -253,6 +253,30 @@ def apply_impls(graph: OpGraph, impls: dict[str, str]) -> OpGraph:
     return _rebuild(graph, joint, {k: v for k, v in impls.items() if v != DEFAULT})
 
 
+def lower_for_device(graph: OpGraph) -> OpGraph:
+    """``graph`` with the kernels eager PyTorch runs on its device, where AOTAutograd's decomposition
+    runs others: on CUDA with cuDNN enabled, cuDNN's BatchNorm (`monet.impls.batchnorm.use_cudnn_batch_norm`).
+
+    What runs changes, not what is stored: node ids, the fingerprint, the summary and the memory each
+    node holds stay (cuDNN's BatchNorm keeps the mean and inverse standard deviation the native kernel
+    keeps, and a reserve space of 0 bytes for spatial BatchNorm), so a schedule solved for ``graph``,
+    its simulation and its cost table (keyed by node id, named by ``graph``'s ops) hold for the
+    result.  The executor (`monet.wrapper`) and the CUDA profiler (`monet.profiling.profiler`) run it.
+    ``graph`` itself is not modified; it is returned unchanged on another device, with cuDNN switched
+    off (``torch.backends.cudnn.enabled``), or where nothing applies.
+    """
+    from monet.impls.batchnorm import use_cudnn_batch_norm
+
+    if graph.device != "cuda" or graph.joint is None or not torch.backends.cudnn.enabled:
+        return graph
+    if torch.cuda.is_available() and not torch.backends.cudnn.is_available():
+        return graph
+    joint = _copy(graph.joint)
+    if not use_cudnn_batch_norm(joint.graph):
+        return graph
+    return _rebuild(graph, joint, graph.impls)
+
+
 def variant(graph: OpGraph, name: str) -> tuple[OpGraph, list[str], dict[str, tuple[int, ...]]]:
     """``graph`` with implementation ``name`` applied wherever it applies.
 
