@@ -5,6 +5,7 @@
 #
 #     bash benchmarks/gpu_visit.sh first            # decisive runs, about 9 minutes
 #     bash benchmarks/gpu_visit.sh second [MODELS]  # after "first": probe, cuda tests, numerics, measure solved MODELS
+#     bash benchmarks/gpu_visit.sh third            # after "second": cuDNN BatchNorm checks, full-mode trace, new profile
 #     bash benchmarks/gpu_visit.sh table MODELS     # measure solved schedules (after `gpu_table.py --step solve` here)
 #
 # "first": the `cuda` tests; the gradient experiments (benchmarks/gpu_numerics.py: TF32, BatchNorm,
@@ -86,6 +87,14 @@ case "$phase" in
       done
     fi
     ;;
+  third)  # after "second": cuDNN's BatchNorm on CUDA (tests, executor tax), the full-mode trace, a new profile
+    step cuda_tests 260 python3 -m pytest -m cuda -n 0 -q -p no:cacheprovider tests/
+    step executor_tax 90 python3 benchmarks/executor_tax.py --device cuda --rows cuda-resnet50-b184 --target-s 3
+    step traces 120 python3 benchmarks/gpu_traces.py --out "$work/traces" --only resnet50-184-5GB-full
+    left=$(( 560 - ($(date +%s) - t_start) ))
+    step profile_resnet50 $(( left > 60 ? left - 20 : 40 )) python3 benchmarks/gpu_table.py --step profile \
+      --models resnet50 --device cuda --work-dir "$work/gpu_work" --profiles-dir "$work/profiles"
+    ;;
   table)
     [ -d gpu_work ] || { echo "gpu_work/ (the solved schedules) was not carried" | tee -a "$steps"; exit 2; }
     cp -r gpu_work "$work/"
@@ -96,7 +105,7 @@ case "$phase" in
         --work-dir "$work/gpu_work" --out "$work/gpu_table.md"
     done
     ;;
-  *) echo "unknown phase $phase (first, second, table)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (first, second, third, table)" >&2; exit 2 ;;
 esac
 
 tar czf "$OUT/visit-$phase.tar.gz" -C "$work" . && ls -la "$OUT"
