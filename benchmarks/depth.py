@@ -108,8 +108,9 @@ def sac_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def peers(model):
-    """(name, module) of each peer, on its own copy of ``model``."""
+def peers(model, wanted=None):
+    """(name, module) of each peer whose name starts with one of ``wanted`` (None or empty: all),
+    each on its own copy of ``model`` (made only for the peers asked for)."""
     from monet.profiling.baselines import compile_with_activation_budget
 
     def ckpt(**kw):
@@ -125,11 +126,19 @@ def peers(model):
         m.activation_checkpointing_enable(activation_checkpointing_kwargs=args, **kw)
         return m
 
-    out = [("transformers every 1", ckpt(every_n_layers=1)), ("transformers every 2", ckpt(every_n_layers=2)),
-           ("transformers every 4", ckpt(every_n_layers=4)), ("transformers offload", ckpt(offload=True)),
-           ("torch SAC (torchtitan)", ckpt(context_fn=sac_context)),
-           ("torch.compile budget 0.5", compile_with_activation_budget(copy.deepcopy(model), 0.5))]
-    return [(n, m) for n, m in out if m is not None]
+    makers = [("transformers every 1", lambda: ckpt(every_n_layers=1)),
+              ("transformers every 2", lambda: ckpt(every_n_layers=2)),
+              ("transformers every 4", lambda: ckpt(every_n_layers=4)),
+              ("transformers offload", lambda: ckpt(offload=True)),
+              ("torch SAC (torchtitan)", lambda: ckpt(context_fn=sac_context)),
+              ("torch.compile budget 0.5", lambda: compile_with_activation_budget(copy.deepcopy(model), 0.5))]
+    for name, make in makers:
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
+        module = make()
+        if module is not None:
+            yield name, module
+        del module  # one peer's copy alive at a time
 
 
 def gradients(module, inputs, autocast, base=None):
@@ -194,9 +203,7 @@ def one(cfg: dict) -> list[dict]:
     rows.append(dict(cfg, method="plain PyTorch", peak=int(plain_peak), overhead=0.0, grads="reference"))
     targets = []
     wanted = cfg.get("peers")
-    for name, module in peers(model):
-        if wanted and not any(name.startswith(w) for w in wanted):
-            continue
+    for name, module in peers(model, wanted):
         try:
             row = measure(name, module, {}, module.model if isinstance(module, CompiledWithBudget) else module)
             targets.append((name, row["peak"]))

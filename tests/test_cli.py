@@ -335,19 +335,10 @@ def test_check_of_a_gpu_schedule_asks_for_the_cpu_explicitly(capsys):
 
 def _documented_commands():
     """Every ``monet COMMAND ...`` line of a shell block in README.md and docs/*.md."""
-    from pathlib import Path
+    from doc_blocks import FILES, fenced_blocks
 
-    root = Path(__file__).resolve().parent.parent
-    out = []
-    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
-        fence = None
-        for line in path.read_text().splitlines():
-            if line.startswith("```"):
-                fence = None if fence is not None else line[3:].strip()
-                continue
-            if fence not in (None, "python") and line.strip().startswith("monet "):
-                out.append((path.name, line.split("#", 1)[0].strip()))
-    return out
+    return [(path.name, line.split("#", 1)[0].strip()) for path in FILES for b in fenced_blocks(path)
+            if b.info != "python" for line in b.code.splitlines() if line.strip().startswith("monet ")]
 
 
 def test_every_documented_command_names_options_its_parser_has():

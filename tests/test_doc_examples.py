@@ -12,17 +12,14 @@ installed, and this project's CPU build of torch does not load its C extension.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+from doc_blocks import FILES, ROOT, fenced_blocks
+
 TIMEOUT_S = 600
 
 PRELUDE = f"""
@@ -36,9 +33,9 @@ declare_torchvision_ops()
 def blocks():
     out = []
     for path in FILES:
-        for k, m in enumerate(_BLOCK.finditer(path.read_text())):
-            line = path.read_text()[:m.start()].count("\n") + 2
-            out.append(pytest.param(path, k, line, m.group(1), id=f"{path.relative_to(ROOT)}:{line}"))
+        python = [b for b in fenced_blocks(path) if b.info == "python"]
+        for k, b in enumerate(python):
+            out.append(pytest.param(path, k, b.line, b.code, id=f"{path.relative_to(ROOT)}:{b.line}"))
     return out
 
 
