@@ -49,7 +49,8 @@ anything else              ``out / 2 + 256``                                    
 
 [f] `monet.lm_loss`: per chunk the head's logits, their float32 copy and log-softmax (forward);
     the logits, log-softmax and their gradients, and in one chunk the weight's gradient as a (H, V)
-    product before its transposed copy (backward; over several chunks it is added in place).
+    product before its transposed copy (backward; over several chunks it is added in place); the
+    same chunk temporaries in the forward pass of ``linear_cross_entropy_grads``.
     Read from the op's own code, not measured.
 
 CUDA (not measured here: no GPU was available).  The bound takes the convolution family as
@@ -85,6 +86,7 @@ FAMILIES = {
     "aten.native_dropout_backward.default": "normalisation",
     "monet.linear_cross_entropy.default": "lm_loss",
     "monet.linear_cross_entropy_backward.default": "lm_loss_backward",
+    "monet.linear_cross_entropy_grads.default": "lm_loss_grads",
     "aten._scaled_dot_product_flash_attention_for_cpu.default": "attention",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": "attention_backward",
 }
@@ -150,14 +152,14 @@ def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None =
         return 3 * (ins + out) + per_thread * _THREAD_SCRATCH + grouped
     if family == "normalisation":
         return (3 * out) // 2
-    if family in ("lm_loss", "lm_loss_backward"):  # monet.lm_loss: one chunk's logits at a time
-        back = family == "lm_loss_backward"
-        hidden, weight = args[1:3] if back else args[0:2]
+    if family in ("lm_loss", "lm_loss_backward", "lm_loss_grads"):  # monet.lm_loss: one chunk's logits at a time
+        back = family != "lm_loss"  # the gradients' chunk temporaries, in the backward or the forward pass
+        hidden, weight = args[1:3] if family == "lm_loss_backward" else args[0:2]
         rows = min(int(fx_node.args[-1]), int(hidden.shape[0]))
         vocab, width, size = int(weight.shape[0]), int(weight.shape[1]), weight.element_size()
         if back:  # logits, their float log-softmax, its gradient, the logits' gradient; in one chunk
             # the weight's gradient transposed before its copy (over chunks it is added in place)
-            whole = rows >= int(hidden.shape[0])
+            whole = rows >= int(hidden.shape[0]) and family == "lm_loss_backward"
             return rows * vocab * (2 * size + 16) + (width * vocab * size if whole else 0) + 256
         return rows * vocab * (size + 8) + 256  # logits, their float copy, the log-softmax
     if family in ("attention", "attention_backward"):

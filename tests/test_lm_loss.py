@@ -11,14 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from monet.lm_loss import default_chunk, find_lm_losses, fuse_lm_loss, fused, liger_chunk, linear_cross_entropy
+from monet.lm_loss import (default_chunk, find_lm_losses, fuse_lm_loss, fused, fused_loss, liger_chunk,
+                           linear_cross_entropy)
 from reach_models import missing
 
 
+@pytest.mark.parametrize("op", [linear_cross_entropy, fused_loss])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("chunk", [1000, 16, 7])
-def test_the_op_is_pytorchs_cross_entropy(bias, reduction, chunk):
+def test_the_op_is_pytorchs_cross_entropy(op, bias, reduction, chunk):
     torch.manual_seed(0)
     h = torch.randn(64, 16, requires_grad=True)
     w = torch.randn(100, 16, requires_grad=True)
@@ -27,13 +29,34 @@ def test_the_op_is_pytorchs_cross_entropy(bias, reduction, chunk):
     t[::5] = -100  # ignored tokens (padding, the last position of a shifted row)
     leaves = [h, w] + ([b] if bias else [])
     ref = F.cross_entropy(F.linear(h, w, b).float(), t, ignore_index=-100, reduction=reduction)
-    out = linear_cross_entropy(h, w, b, t, -100, reduction, chunk)
+    out = op(h, w, b, t, -100, reduction, chunk)
     g_ref, g_out = torch.autograd.grad(ref, leaves), torch.autograd.grad(out, leaves)
     if chunk >= 64:  # one chunk: PyTorch's own operators in its order
         assert torch.equal(out, ref) and all(torch.equal(a, c) for a, c in zip(g_out, g_ref))
     else:  # sums in another order
         assert torch.allclose(out, ref, rtol=1e-6, atol=0)
         assert all((a - c).norm() <= 1e-6 * c.norm() for a, c in zip(g_out, g_ref))
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.3])
+def test_gradients_in_the_forward_pass_are_the_recomputing_ones(scale):
+    """`linear_cross_entropy_grads` (several chunks): the loss bitwise the recomputing op's over the
+    same chunks, the gradients bitwise its for a loss gradient of 1 and within 1e-6 for another
+    (scaled after the products instead of before)."""
+    torch.manual_seed(0)
+    h = torch.randn(64, 16, requires_grad=True)
+    w = torch.randn(100, 16, requires_grad=True)
+    t = torch.randint(0, 100, (64,))
+    t[::3] = -100
+    old = linear_cross_entropy(h, w, None, t, -100, "mean", 16)
+    new = fused_loss(h, w, None, t, -100, "mean", 16)
+    assert torch.equal(old, new) and new.grad_fn is not None
+    g_old = torch.autograd.grad(old * scale, [h, w])
+    g_new = torch.autograd.grad(new * scale, [h, w])
+    for a, c in zip(g_new, g_old):
+        assert torch.equal(a, c) if scale == 1.0 else (a - c).norm() <= 1e-6 * c.norm()
+    with pytest.raises(ValueError, match="reduction"):
+        fused_loss(h, w, None, t, -100, "none", 16)
 
 
 def test_liger_chunk_holds_the_hidden_states_bytes():
@@ -90,7 +113,10 @@ def test_a_gpt2_trains_with_the_chunked_loss_in_less_memory(gpt2, tmp_path):
     plain = monet.optimize(copy.deepcopy(model), batch, budget="min", **kw)
     chunked = monet.optimize(copy.deepcopy(model), batch, budget="min", lm_loss="chunked", **kw)
     meta = chunked.solution.meta
-    assert fused(meta.graph_summary) == default_chunk(4 * 64, 2048, 32)
+    assert fused(meta.graph_summary) == default_chunk(4 * 64, 2048, 32) < 4 * 64
+    # several chunks: the gradients come from the forward pass, the backward pass only scales them
+    ops = " ".join(meta.graph_summary)
+    assert "monet.linear_cross_entropy_grads" in ops and "monet.linear_cross_entropy_backward" not in ops
     # the logits (4 x 64 x 2048 floats, 2 MiB) and their gradient no longer in plain PyTorch's peak
     assert meta.eager_peak_bytes < plain.solution.meta.eager_peak_bytes - 2 * 2**20
     assert meta.budget_bytes < plain.solution.meta.budget_bytes
