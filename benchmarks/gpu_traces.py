@@ -91,7 +91,7 @@ def find_profile(explicit: str | None) -> Path | None:
     """``--profile``, else the H100 profile of ResNet-50 at batch 184 where the repository keeps one."""
     if explicit:
         return Path(explicit)
-    for folder in (ROOT / "zoo" / "profiles", ROOT / "benchmarks" / "profiles", ROOT.parent / "shared" / "gpu" / "profiles"):
+    for folder in (ROOT / "zoo" / "profiles", ROOT / "benchmarks" / "profiles"):
         if (folder / PROFILE_NAME).exists():
             return folder / PROFILE_NAME
     return None
