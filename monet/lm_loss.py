@@ -189,9 +189,10 @@ def linear_cross_entropy_grads(hidden: torch.Tensor, weight: torch.Tensor, bias:
     for a loss gradient of 1 (Liger Kernel's fused linear cross-entropy does the same): (loss,
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,) or empty).  Its backward pass only scales
     them by the loss's gradient (`fused_loss`), so the head's product is not computed a second time:
-    on 2 busy CPU cores the head and loss of GPT-2 small at 2 x 512 tokens took 1.47 times PyTorch's
-    unchunked time in chunks of 128 rows (1.14 times in chunks of 256), and 1.95 times when the
-    backward pass computed each chunk's logits again (interleaved medians, 2026-11-28).  What it keeps from the forward pass to the backward
+    on 2 busy CPU cores the head and loss of GPT-2 small at 2 x 512 tokens took 1.24-1.47 times
+    PyTorch's unchunked time in chunks of 128 rows (1.14 times in chunks of 256), and 1.76-1.95
+    times when the backward pass computed each chunk's logits again (benchmarks/lm_loss_head.py,
+    two runs, 2026-11-28).  What it keeps from the forward pass to the backward
     pass is the gradients, (N, H) + (V, H) + (V,), instead of the hidden states: the weight's
     gradient, which the backward pass would allocate anyway, exists from the end of the forward
     pass.  The loss is `linear_cross_entropy`'s over the same chunks, bitwise; the gradients, for a
