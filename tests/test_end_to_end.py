@@ -159,6 +159,8 @@ def test_min_budget(setup):
     plain peak.  With this machine's workspace that can be so on other models too (a large
     temporary where the plain peak is): there it is asserted at most the plain peak.
     """
+    if os.environ.get("CI") and setup["name"] == "googlenet":
+        pytest.skip("GoogLeNet's smallest budget (39 s on 2 cores) runs without CI=true (CI's time budget)")
     least = _least(setup)
     assert least <= setup["eager"]
     _check(setup, least)
