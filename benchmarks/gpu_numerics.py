@@ -145,24 +145,14 @@ def numerics(name: str):
     elif name == "fp32":
         with strict_fp32():
             yield
-    elif name == "fp32_deterministic":
-        before = torch.backends.cudnn.deterministic
-        with strict_fp32():
-            torch.backends.cudnn.deterministic = True
-            try:
-                yield
-            finally:
-                torch.backends.cudnn.deterministic = before
-    elif name == "fp32_no_cudnn":
-        # cuDNN off: eager's BatchNorm then runs ATen's native kernel, the one the captured graph
-        # (native_batch_norm) runs; convolutions run ATen's own kernels in both
-        before = torch.backends.cudnn.enabled
-        with strict_fp32():
-            torch.backends.cudnn.enabled = False
-            try:
-                yield
-            finally:
-                torch.backends.cudnn.enabled = before
+    elif name in ("fp32_deterministic", "fp32_no_cudnn"):
+        # cuDNN deterministic, or off (eager's BatchNorm then runs ATen's native kernel, the one the
+        # captured graph runs; convolutions ATen's own kernels in both); cudnn.flags restores every
+        # flag it sets, and strict_fp32 inside it switches TF32 off after flags' allow_tf32
+        off = name == "fp32_no_cudnn"
+        with torch.backends.cudnn.flags(enabled=not off, deterministic=not off,
+                                        benchmark=torch.backends.cudnn.benchmark), strict_fp32():
+            yield
     else:
         raise ValueError(name)
 
