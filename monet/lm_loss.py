@@ -29,7 +29,6 @@ training, as with Liger's fused loss); `monet.optimize(..., lm_loss="chunked")` 
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 import torch.fx as fx
@@ -325,13 +324,9 @@ def fuse_lm_loss(gm: fx.GraphModule, chunk: int | None = None) -> int:
         size = int(chunk) if chunk is not None else default_chunk(rows, int(wv.shape[0]), int(wv.shape[1]))
         with graph.inserting_before(ce):
             flat = graph.call_method("reshape", (h, (-1, int(hv.shape[-1]))))
-            args = (flat, weight, bias, kw["target"], int(kw.get("ignore_index", -100)), str(kw.get("reduction", "mean")),
-                    size)
-            if size >= rows:
-                loss = graph.call_function(torch.ops.monet.linear_cross_entropy.default, args)
-            else:
-                op = graph.call_function(torch.ops.monet.linear_cross_entropy_grads.default, args)
-                loss = graph.call_function(operator.getitem, (op, 0))
+            # traced into the op `fused_loss` picks for this chunk (AOTAutograd traces through it)
+            loss = graph.call_function(fused_loss, (flat, weight, bias, kw["target"], int(kw.get("ignore_index", -100)),
+                                                    str(kw.get("reduction", "mean")), size))
         loss.meta.update(ce.meta)
         ce.replace_all_uses_with(loss)
         graph.erase_node(ce)
