@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from monet.executor import build_modules, is_symbolic
+from monet.executor import build_graphs, is_symbolic
 from monet.graph import OpGraph, TANGENT, is_alias, tensor_bytes, tensors_in
 from monet.inplace import aliases_first, is_inplace, storage_root
 from monet.solution import Schedule
@@ -139,7 +139,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
     return peak, peak_at, live
 
 
-def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
+def simulate(graph: OpGraph, fw: fx.GraphModule | fx.Graph, bw: fx.GraphModule | fx.Graph,
              fwd_workspace=None, bwd_workspace=None, timeline: bool = False) -> SimResult:
     """Simulated peak of one iteration of the executor's modules (bytes).
 
@@ -149,7 +149,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
 
     Args:
         graph: the `OpGraph` the modules were built from.
-        fw, bw: `monet.executor.build_modules`'s result.
+        fw, bw: `monet.executor.build_modules`'s result, or `monet.executor.build_graphs`'s.
         fwd_workspace, bwd_workspace: per-node workspace in bytes, indexed by forward / backward
             node id (arrays of length N and T); None means zero.
         timeline: also return the per-node `TimelineRow` list (``SimResult.timeline``), bytes over
@@ -157,6 +157,8 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
     """
     from monet.profiling.cuda_memory import memory_terms, sized_graph
 
+    fw_graph = fw.graph if isinstance(fw, fx.GraphModule) else fw
+    bw_graph = bw.graph if isinstance(bw, fx.GraphModule) else bw
     terms = memory_terms(graph)
     sized = sized_graph(graph)
     fwd_id = {n.name: n.id for n in graph.fwd}
@@ -184,11 +186,11 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
     constant = (sized.param_bytes + sized.buffer_bytes + sized.input_bytes + sized.tangent_bytes
                 + sized.library_bytes)
     fwd_constant = constant - sized.tangent_bytes + sized.fwd_tangent_bytes
-    primals = {n.name for n in fw.graph.nodes if n.op == "placeholder"}
+    primals = {n.name for n in fw_graph.nodes if n.op == "placeholder"}
     fwd_rows = [] if timeline else None
-    fwd_peak, fwd_at, _ = replay(fw.graph, ws, primals, {}, terms.tensor, fwd_rows)
+    fwd_peak, fwd_at, _ = replay(fw_graph, ws, primals, {}, terms.tensor, fwd_rows)
 
-    bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    bw_inputs = [n for n in bw_graph.nodes if n.op == "placeholder"]
     # the caller holds ``g`` of ``y.backward(g)``; of the output gradients autograd creates for
     # ``loss.backward()``, the engine holds the loss's (a scalar) through the backward pass, and the
     # others (zeros) are the backward module's own, freed after their last use
@@ -198,7 +200,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
 
     # a saved value the forward module returns as one of its own inputs (a buffer BatchNorm updated
     # in place: `monet.executor.update_buffers_in_place`) is that input, owned by the caller
-    fw_out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+    fw_out = next(n for n in fw_graph.nodes if n.op == "output").args[0]
     fw_saved = [v for v in list(fw_out)[graph.num_fwd_outputs:]]
     bw_saved = [n for n in bw_inputs if not n.name.startswith(TANGENT) and not is_symbolic(n)]
     fw_saved = [f for f in fw_saved if not (isinstance(f, fx.Node) and is_symbolic(f))]
@@ -209,7 +211,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule, bw: fx.GraphModule,
              for n in bw_inputs if n.name not in held}  # offloaded values are on the host (`monet.offload`)
     saved_bytes = sum(v for k, v in saved.items() if not k.startswith(TANGENT))
     bwd_rows = [] if timeline else None
-    bwd_peak, bwd_at, _ = replay(bw.graph, ws, held, dict(saved), terms.tensor, bwd_rows)
+    bwd_peak, bwd_at, _ = replay(bw_graph, ws, held, dict(saved), terms.tensor, bwd_rows)
     held_tangents = sum(terms.tensor(n.meta["val"]) for n in bw_inputs
                         if n.name.startswith(TANGENT) and n.name in held)
     bwd_base = constant - sized.tangent_bytes + held_tangents + sized.output_bytes
@@ -240,6 +242,6 @@ def schedule_peak(graph: OpGraph, costs, schedule: Schedule, timeline: bool = Fa
     Raises:
         monet.executor.ScheduleError: the schedule cannot run (`monet.executor.check_steps`).
     """
-    fw, bw = build_modules(graph, schedule)
+    fw, bw = build_graphs(graph, schedule)
     return simulate(graph, fw, bw, getattr(costs, "fwd_workspace", None), getattr(costs, "bwd_workspace", None),
                     timeline=timeline)

@@ -15,7 +15,10 @@ from monet.solution import Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import LARGE, InfeasibleBudgetError, problem_size, solve_ilp
 from monet.solver.memory_model import MemoryModel
-from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn
+from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn, simulation_seconds
+
+#: the simulations of its schedule a solve keeps time for, in units of `simulation_seconds`
+SIMULATION_MARGIN = 1.5
 
 
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,
@@ -31,10 +34,12 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
     `solver.portfolio.solve_full`); ``mode`` is the label stored in the solution, ``inplace`` turns
     on in-place ReLU/add in the executor.  The other options are `solve_ilp`'s.
     """
-    time_limit = deadline.left()
-    mem = memory_model(graph, costs, offload_bandwidth)
-    const = costs.total_time
     t0 = time.perf_counter()
+    mem = memory_model(graph, costs, offload_bandwidth)
+    # what is left once the memory model is built, less the simulation of the schedule found
+    # (checked against the budget, then kept for `finish_solution`): 5 s each on a 96-layer GPT-2
+    time_limit = max(1.0, deadline.left() - SIMULATION_MARGIN * simulation_seconds(graph))
+    const = costs.total_time
     kw = dict(mode="normal", solver=solver, constant_s=const, verbose=verbose,
               peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress,
               relaxation=relaxation)

@@ -7,6 +7,9 @@ so solvers are compared on the same accounting.
 """
 from __future__ import annotations
 
+import hashlib
+import time
+
 import numpy as np
 import torch
 
@@ -37,9 +40,7 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
         RuntimeError: with ``check``, a simulated peak above ``budget`` bytes (an internal error
             for schedules whose memory an ILP's expressions bound); without it (schedules with
             no budget knob: keep everything, Chen's sqrt(n)) the caller compares the peak."""
-    schedule = schedule_from_matrices(graph, S, R, offload)
-    schedule.impl, schedule.inplace = dict(graph.impls), inplace
-    sim = schedule_peak(graph, costs, schedule)
+    schedule, sim = simulated_schedule(graph, costs, S, R, offload, inplace)
     if check and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
@@ -69,14 +70,46 @@ def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
     """Simulated peak (bytes) of plain PyTorch: the keep-everything schedule.  Kept on the graph
     per workspace (the costs' ``fwd_workspace`` and ``bwd_workspace``): a 96-layer GPT-2 took 8 s
     to simulate, and one solve asked for it three times."""
-    key = (np.asarray(costs.fwd_workspace).tobytes(), np.asarray(costs.bwd_workspace).tobytes()) \
-        if costs is not None else None
+    key = _workspace_key(costs)
     known = graph.__dict__.setdefault("_eager_peaks", {})
     if key not in known:
         S, R = keep_all_matrices(graph)
         known.clear()  # one entry: the costs of one graph seldom change
+        t0 = time.perf_counter()
         known[key] = schedule_peak(graph, costs, schedule_from_matrices(graph, S, R)).peak_bytes
+        graph.__dict__["_simulation_s"] = time.perf_counter() - t0
     return known[key]
+
+
+def simulation_seconds(graph: OpGraph) -> float:
+    """Seconds one simulation of a schedule on ``graph`` took (`eager_peak`'s, the first one made;
+    0.0 before it): what a solver keeps in hand to simulate the schedule it found (a 96-layer
+    GPT-2: 4-6 s on 2 cores)."""
+    return float(graph.__dict__.get("_simulation_s", 0.0))
+
+
+def _workspace_key(costs) -> tuple | None:
+    return (np.asarray(costs.fwd_workspace).tobytes(), np.asarray(costs.bwd_workspace).tobytes()) \
+        if costs is not None else None
+
+
+def simulated_schedule(graph: OpGraph, costs, S, R, offload: tuple = (), inplace: bool = False):
+    """``(schedule, SimResult)``: the `monet.schedule.Schedule` of (S (T, N), R (T, N)) on ``graph``
+    (its implementations, ``offload`` entries, ``inplace``) and its `monet.simulate.schedule_peak`.
+    The last one simulated on ``graph`` is kept: a solver checks its schedule's peak, and
+    `finish_solution` then asks for the same one (a 96-layer GPT-2: 5 s each)."""
+    schedule = schedule_from_matrices(graph, S, R, offload)
+    schedule.impl, schedule.inplace = dict(graph.impls), inplace
+    digest = hashlib.blake2b(np.asarray(S, dtype=bool).tobytes(), digest_size=16)
+    digest.update(np.asarray(R, dtype=bool).tobytes())
+    key = (digest.hexdigest(), np.asarray(S).shape, repr(offload), repr(sorted(schedule.impl.items())), inplace,
+           _workspace_key(costs))
+    last = graph.__dict__.get("_last_simulated")
+    if last is not None and last[0] == key:
+        return schedule, last[1]
+    sim = schedule_peak(graph, costs, schedule)
+    graph.__dict__["_last_simulated"] = (key, sim)
+    return schedule, sim
 
 
 def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | None = None) -> MemoryModel:
@@ -107,7 +140,5 @@ def simulated_peak_fn(graph: OpGraph, costs, mem, inplace: bool = False):
             g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
         O = mem.offloaded(S_groups, R, O)
         entries = () if O is None else mem.offload.entries(O)
-        schedule = schedule_from_matrices(g, mem.group_to_node(S_groups), R, entries)
-        schedule.impl, schedule.inplace = dict(g.impls), inplace
-        return schedule_peak(g, c, schedule).peak_bytes
+        return simulated_schedule(g, c, mem.group_to_node(S_groups), R, entries, inplace)[1].peak_bytes
     return peak_of
