@@ -533,6 +533,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     """
     from monet.capture import capture
     from monet.frontend import training_inputs
+    from monet.profiling.shallow import describe_costing
     from monet.profiling.sources import solver_costs, variant_cost_fn
     from monet.solver.solve import eager_peak
 
@@ -571,8 +572,9 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
             table, costs = solver_costs(cost, module, inputs, graph, device, gpu_spec, cache_dir)
             cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec, cache_dir)
             eager = eager_peak(graph, costs)
-            bar.log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s: plain PyTorch's simulated peak "
-                    f"{eager / 2**20:.1f} MiB, operators {1e3 * costs.total_time:.1f} ms per iteration")
+            bar.log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s ({describe_costing(module, graph)}): "
+                    f"plain PyTorch's simulated peak {eager / 2**20:.1f} MiB, operators "
+                    f"{1e3 * costs.total_time:.1f} ms per iteration")
     finally:
         if own:
             bar.close()

@@ -321,9 +321,13 @@ def iteration_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFra
                   plain_iteration_s=measured["plain_iteration_s"],
                   operators_s=float(table.loc[table["impl"] == "default", "time_s"].sum()),
                   operator_scale=scale, recompute_factor=recompute_factor(measured, between, scale))
-    if cache_path is not None:
-        Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cache_path).write_text(json.dumps(record))
+    return record if cache_path is None else write_record(record, cache_path)
+
+
+def write_record(record: dict, cache_path: Path) -> dict:
+    """Write ``record`` (`iteration_record`'s fields) as the JSON cache at ``cache_path``; return it."""
+    Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(cache_path).write_text(json.dumps({k: float(record[k]) for k in FIELDS}))
     return record
 
 
@@ -333,4 +337,4 @@ FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "o
 
 __all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
            "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_round", "paired_medians", "warm_up",
-           "measure_variant", "restored"]
+           "measure_variant", "restored", "write_record"]

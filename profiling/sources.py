@@ -33,6 +33,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from monet.profiling.shallow import carried_record, carried_table, stand_in
 from monet.profiling.workspace import with_workspace_bound
 from monet.terms import arg
 
@@ -102,9 +103,18 @@ def quick_profile(model, inputs, graph, device: str, cache_dir=None) -> pd.DataF
     """The quick profile of ``graph`` on ``device`` (seconds and workspace bytes per operator:
     `QUICK` runs, each operator's timed in an iteration's sequence where `in_context`), cached
     under `quick_dir`."""
-    from monet.profiling.profiler import load_or_profile
+    from monet.profiling.profiler import cache_path, load_or_profile, save_costs
 
-    return load_or_profile(model, inputs, graph, device, cache_dir=quick_dir(device, cache_dir), progress=False,
+    directory = quick_dir(device, cache_dir)
+    path = cache_path(graph, device, directory)
+    shallow = None if path.exists() or not in_context(device) else stand_in(model, inputs, graph)
+    if shallow is not None:  # a deep stack: its operators measured on a shallow copy
+        small = load_or_profile(shallow.model, inputs, shallow.graph, device, cache_dir=directory, progress=False,
+                                in_context=True, **QUICK)
+        table = carried_table(graph, shallow, small)
+        if table is not None:
+            save_costs(table, path)
+    return load_or_profile(model, inputs, graph, device, cache_dir=directory, progress=False,
                            in_context=in_context(device), **QUICK)
 
 
@@ -124,7 +134,7 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     (`monet.profiling.dispatch.iteration_record`: the time between operators, the executor's and
     plain PyTorch's iteration, seconds), measured once per graph and cached beside
     `measured_table`'s table; None where ``cost`` does not measure times, or on a GPU."""
-    from monet.profiling.dispatch import iteration_record
+    from monet.profiling.dispatch import iteration_record, write_record
     from monet.profiling.profiler import cache_path, default_cache_dir
 
     if not measures_times(cost, device) or torch.device(device).type != "cpu":
@@ -134,7 +144,15 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
     # ".v4": the records before the operator scale (v2) and the recompute factor lack them, and those
     # of one round of Chen's schedule (v3) are measured again
-    return iteration_record(model, inputs, graph, table, device, path.with_suffix(".iterations.v4.json"))
+    record_path = path.with_suffix(".iterations.v4.json")
+    shallow = None if record_path.exists() or cost != "hybrid" else stand_in(model, inputs, graph)
+    if shallow is not None:  # a deep stack: its iterations measured on a shallow copy
+        small = measured_table(cost, shallow.model, inputs, shallow.graph, device, cache_dir)
+        small_path = cache_path(shallow.graph, device, directory).with_suffix(".iterations.v4.json")
+        record = iteration_record(shallow.model, inputs, shallow.graph, small, device, small_path)
+        if record is not None:
+            return write_record(carried_record(model, inputs, graph, table, shallow, record), record_path)
+    return iteration_record(model, inputs, graph, table, device, record_path)
 
 
 def between_operators(cost: str, model, inputs, graph, device: str, cache_dir=None) -> float:

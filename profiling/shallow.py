@@ -1,0 +1,238 @@
+"""Costs of a deep stack measured on a shallow copy of it: a 96-layer model costed about as fast as
+a 4-layer one.
+
+The CPU cost sources measure two things per graph (`monet.profiling.sources`): each operator's time
+in the sequence of an iteration (the quick profile) and whole training iterations (plain PyTorch,
+MONeT's executor keeping everything, Chen's schedule: `monet.profiling.dispatch.measure_iterations`),
+whose differences give the time between operators, the operator scale and the recompute factor.
+Both grow with depth: a 96-layer GPT-2 (hidden 256, 2 x 256 tokens) took 294 s to cost on 2 cores,
+of which about 210 s were some fifty training iterations of 3 s each and 52 s two traces of the
+executor, although its layers are one block 96 times.
+
+Where the model holds a stack of at least `MIN_LAYERS` identical layers (an ``nn.ModuleList`` whose
+members have one class and the same parameters and buffers by name, shape and dtype: transformers'
+``model.layers`` / ``transformer.h`` / ``encoder.layer``), the same measurements are made on a copy
+of the model that keeps only its first `SHALLOW_LAYERS` layers (`shallow_copy`), captured as the
+model was (autocast, fused loss), and carried over:
+
+* each node's time and workspace from the node of the shallow graph with the same op signature
+  (`monet.graph.op_signature`: operator, argument shapes, strides, dtypes and values; the median
+  time where several nodes share one), so that the layers the copy lacks cost what the ones it
+  has cost;
+* the operator scale and the recompute factor, which are per second of operators and of
+  recomputation, not per model, and the executor's time beyond its operators, which is about one
+  sum per iteration (`carried_record`);
+* plain PyTorch's iteration, the reference of the predicted overhead, measured on the model itself
+  (`plain_iteration_s`: a few iterations, no trace).
+
+Where the copy cannot be made or captured, or a node of the model has no twin in the copy, the
+model is measured whole, as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn as nn
+
+from monet.graph import OpGraph, node_signatures
+from monet.terms import MonetWarning
+
+#: stacks with fewer identical layers are measured whole; the copy keeps this many
+MIN_LAYERS, SHALLOW_LAYERS = 32, 4
+#: plain PyTorch's iterations on the deep model itself: discarded, then timed (the median is taken)
+PLAIN_WARMUP, PLAIN_REPEATS = 1, 3
+
+
+def _layer_key(module: nn.Module) -> tuple:
+    """What makes two layers identical here: class, parameters' and buffers' names, shapes, dtypes."""
+    tensors = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+    return (type(module),) + tuple((n, tuple(t.shape), t.dtype) for n, t in tensors)
+
+
+def repeated_layers(model: nn.Module, min_layers: int | None = None) -> tuple[str, int] | None:
+    """``(qualified name, length)`` of the longest ``nn.ModuleList`` of ``model`` whose members are
+    identical layers (one class; the same parameter and buffer names, shapes and dtypes), if it has
+    at least ``min_layers`` (None: `MIN_LAYERS`); else None."""
+    min_layers = MIN_LAYERS if min_layers is None else min_layers
+    best = None
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) < min_layers or (best and len(m) <= best[1]):
+            continue
+        first = _layer_key(m[0])
+        if all(_layer_key(layer) == first for layer in m):
+            best = (name, len(m))
+    return best
+
+
+@contextlib.contextmanager
+def _truncated(model: nn.Module, name: str, keep: int):
+    """``model`` with its ``nn.ModuleList`` ``name`` cut to its first ``keep`` layers, restored after."""
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    full = getattr(parent, attr)
+    setattr(parent, attr, nn.ModuleList(list(full)[:keep]))
+    try:
+        yield
+    finally:
+        setattr(parent, attr, full)
+
+
+def shallow_copy(model: nn.Module, name: str, keep: int | None = None) -> nn.Module:
+    """A deep copy of ``model`` whose ``nn.ModuleList`` ``name`` holds only its first ``keep``
+    layers (None: `SHALLOW_LAYERS`; only their parameters are copied); ``model`` is left as it was."""
+    with _truncated(model, name, SHALLOW_LAYERS if keep is None else keep):
+        return copy.deepcopy(model)
+
+
+@dataclass
+class Shallow:
+    """A shallow stand-in of a deep model: ``model`` (`shallow_copy`), its captured ``graph``, and
+    the stack it shortened (``layers``: qualified name, ``kept`` of ``of`` layers)."""
+
+    model: nn.Module
+    graph: OpGraph
+    layers: str
+    kept: int
+    of: int
+
+    def describe(self) -> str:
+        return f"{self.kept} of the {self.of} layers of {self.layers}"
+
+
+_LAST: list = []  # [(weakref to the model, weakref to the graph, MIN_LAYERS, SHALLOW_LAYERS, Shallow | None)]
+
+
+def _last(model: nn.Module, graph: OpGraph):
+    """The entry `stand_in` made last, if it was for this very ``model`` and ``graph`` (and the
+    module's settings), else None."""
+    if _LAST:
+        m, g, low, keep, found = _LAST[0]
+        if m() is model and g() is graph and (low, keep) == (MIN_LAYERS, SHALLOW_LAYERS):
+            return (found,)
+    return None
+
+
+def stand_in(model: nn.Module, inputs, graph: OpGraph) -> Shallow | None:
+    """The `Shallow` stand-in of ``model`` (captured with ``inputs`` as ``graph`` was: its autocast
+    setting and fused loss), or None where ``model`` has no stack of `MIN_LAYERS` identical layers
+    or the copy cannot be captured (a warning says why).  Made once for the model and graph costed
+    last (the quick profile and the iterations share it)."""
+    last = _last(model, graph)
+    if last is not None:
+        return last[0]
+    found = _make_stand_in(model, inputs, graph)
+    _LAST[:] = [(weakref.ref(model), weakref.ref(graph), MIN_LAYERS, SHALLOW_LAYERS, found)]
+    return found
+
+
+def _make_stand_in(model: nn.Module, inputs, graph: OpGraph) -> Shallow | None:
+    from monet import mixed_precision
+    from monet.capture import capture
+    from monet.lm_loss import fused
+
+    found = repeated_layers(model)
+    if found is None or graph.joint is None:
+        return None
+    name, count = found
+    try:
+        small = shallow_copy(model, name)
+        dtype = None if graph.autocast is None else getattr(torch, mixed_precision.normalize(graph.autocast)[1])
+        chunk = fused(graph.summary)
+        small_graph = capture(small, inputs, autocast_dtype=dtype, lm_loss=None if chunk is None else chunk)
+    except Exception as e:  # noqa: BLE001 - any failure: the model is measured whole
+        warnings.warn(f"could not capture a {SHALLOW_LAYERS}-layer copy of {type(model).__name__} ({type(e).__name__}: "
+                      f"{e}); its {count} layers are measured whole", MonetWarning, stacklevel=3)
+        return None
+    return Shallow(small, small_graph, name, SHALLOW_LAYERS, count)
+
+
+def describe_costing(model: nn.Module, graph: OpGraph) -> str:
+    """How ``graph``'s costs were measured, for the log: its nodes and distinct op signatures (each
+    measured once, the others reusing it), and the shallow copy where one stood in."""
+    sigs = node_signatures(graph) if graph.joint is not None else {}
+    text = f"{len(sigs)} nodes, {len(set(sigs.values()))} distinct ops measured ({len(sigs) - len(set(sigs.values()))} reused)"
+    last = _last(model, graph)
+    return text if last is None or last[0] is None else f"{text}, on a copy with {last[0].describe()}"
+
+
+def carried_table(graph: OpGraph, shallow: Shallow, table: pd.DataFrame) -> pd.DataFrame | None:
+    """A cost table for ``graph`` from ``table``, the quick profile of ``shallow.graph``: each node
+    takes the median time and the largest workspace of the shallow graph's nodes with its op
+    signature (flops and bytes moved the same).  None where a node of ``graph`` has no twin there."""
+    from monet.profiling.costs import validate_costs
+
+    theirs = node_signatures(shallow.graph)
+    rows = table.set_index(["kind", "node"])
+    by_sig: dict[str, list] = {}
+    for key, sig in theirs.items():
+        if key in rows.index:
+            by_sig.setdefault(sig, []).append(rows.loc[key])
+    out = []
+    for (kind, node_id), sig in node_signatures(graph).items():
+        twins = by_sig.get(sig)
+        if not twins:
+            return None
+        seconds = float(statistics.median(float(r["time_s"]) for r in twins))
+        first = twins[0]
+        out.append(dict(kind=kind, node=node_id, op=(graph.fwd if kind == "fwd" else graph.bwd)[node_id].op,
+                        impl=first["impl"], time_s=seconds, recompute_s=seconds,
+                        workspace_bytes=int(max(int(r["workspace_bytes"]) for r in twins)),
+                        flops=first["flops"], bytes_moved=first["bytes_moved"],
+                        source=f"{first['source']}:{shallow.kept}-of-{shallow.of}-layers"))
+    return validate_costs(pd.DataFrame(out, columns=list(table.columns)))
+
+
+def plain_iteration_s(model: nn.Module, inputs, autocast=None, repeats: int = PLAIN_REPEATS,
+                      warmup: int = PLAIN_WARMUP) -> float:
+    """Median seconds of plain PyTorch's training iteration of ``model`` on the CPU
+    (`monet.profiling.check.training_step`, ``warmup`` discarded, ``repeats`` timed), under
+    ``autocast``; ``model`` is left as it was (`monet.profiling.dispatch.restored`)."""
+    from monet import mixed_precision
+    from monet.inputs import ExampleInputs
+    from monet.profiling.check import training_step
+    from monet.profiling.dispatch import restored
+
+    inputs = ExampleInputs.of(inputs)
+    times = []
+    with restored(model), mixed_precision.context(autocast):
+        for i in range(warmup + repeats):
+            t0 = time.perf_counter()
+            training_step(model, inputs)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def carried_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame, shallow: Shallow,
+                   shallow_record: dict) -> dict:
+    """`monet.profiling.dispatch.iteration_record`'s fields for ``graph`` (cost table ``table``)
+    from ``shallow_record``, the record of ``shallow``: the operator scale and the recompute factor
+    carried over; the executor's time beyond its (scaled) operators, ``K - scale * T``, carried as
+    one sum per iteration, not per node (`monet.profiling.dispatch.between_operators_s` then spreads it over
+    ``graph``'s nodes); plain PyTorch's iteration measured on ``model`` (`plain_iteration_s`).
+
+    Why a sum: it is the autograd engine's and AOTAutograd's work around the operators, about the
+    same at any depth.  A 24-layer GPT-2 (hidden 256, 2 x 256 tokens, one thread) measured 72 ms
+    beyond its operators' 1.15 s; its 4-layer copy 74 ms beyond 0.20 s, which spread per node would
+    have charged the 24 layers 400 ms."""
+    from monet.profiling.dispatch import between_operators_s, operator_scale
+
+    scale = shallow_record["operator_scale"]
+    beyond = shallow_record["executor_iteration_s"] - scale * shallow_record["operators_s"]
+    default = table[table["impl"] == "default"]
+    executor = scale * float(default["time_s"].sum()) + max(0.0, beyond)
+    return dict(between_operators_s=between_operators_s(executor, table), operator_scale=operator_scale(executor, table),
+                recompute_factor=shallow_record["recompute_factor"], operators_s=float(default["time_s"].sum()),
+                executor_iteration_s=executor, plain_iteration_s=plain_iteration_s(model, inputs, graph.autocast))
+
+
+__all__ = ["MIN_LAYERS", "SHALLOW_LAYERS", "Shallow", "carried_record", "carried_table", "describe_costing", "plain_iteration_s",
+           "repeated_layers", "shallow_copy", "stand_in"]
