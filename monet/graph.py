@@ -407,12 +407,15 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
     # ---- forward nodes
     fwd: list[Node] = []
     fwd_id: dict[str, int] = {}  # op node name -> forward node id
+    produced: dict[str, list[str]] = {}  # producer's name -> its values' names, in `values`' order
+    for v in values.values():
+        produced.setdefault(v.producer, []).append(v.name)
     for n in nodes:
         if n.op != "call_function" or n.name not in fwd_set or is_alias(n):
             continue
         nid = len(fwd)
         fwd_id[n.name] = nid
-        outputs = [v.name for v in values.values() if v.producer == n.name]
+        outputs = produced.get(n.name, [])
         fwd.append(Node(nid, "fwd", n.name, op_name(n), [n.name], outputs,
                         sum(values[o].nbytes for o in outputs), (), is_random(n)))
     # a multi-output op's getitems run with it, wherever the joint graph placed them
@@ -436,7 +439,7 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
     for n in nodes:
         if n.op != "call_function" or n.name in fwd_set or is_alias(n):
             continue
-        outputs = [v.name for v in values.values() if v.producer == n.name]
+        outputs = produced.get(n.name, [])
         getitems = [u.name for u in n.users if u.target is operator.getitem]
         bwd.append(Node(len(bwd), "bwd", n.name, op_name(n), [n.name] + getitems, outputs,
                         sum(values[o].nbytes for o in outputs), fwd_deps(n), is_random(n)))
