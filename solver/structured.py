@@ -141,7 +141,8 @@ class Structure:
         """For each adjacent pair (A, B) of policies on the lower convex hull of the uniform
         candidates' (peak, cost), the schedule with the most blocks under B (the latest ones, the
         last block always keeping everything) and the rest under A whose peak fits ``budget``
-        bytes (bisected: the peak grows with the number of B blocks)."""
+        bytes (bisected: the peak grows with the number of B blocks), and the one with one block
+        more under B, whose ILP memory is over the budget."""
         hull = lower_hull([(c.peak, c.cost, c) for c in uniform if c.name.split(":", 1)[1] in policies])
         out = []
         for (pa, _, a), (pb, _, b) in zip(hull, hull[1:]):
@@ -165,6 +166,8 @@ class Structure:
                     hi = mid - 1
             if best is not None:
                 out.append(best)
+            if lo <= self.n_blocks - 1:  # one richer block, over the budget by the ILP's memory: the
+                out.append(mixed(lo))  # simulator may fit it (`monet.solver.ilp.search`'s ``peak_of``)
         return out
 
     def candidates(self, budget: float | None) -> list[Candidate]:
