@@ -167,3 +167,34 @@ def test_budget_min_stops_where_memory_gets_expensive():
     flat = [(p, 0.001 * (300 - p / mib)) for p, _ in front]
     assert knee(flat, plain_s, plain_bytes) == (int(np.ceil(88.1 * mib)), "")
     assert KNEE_PRICE > 0
+
+
+def test_a_block_schedule_the_simulator_fits_is_taken_over_the_ilps_count():
+    """The ILP's memory over-counts per-block checkpointing on a transformers Llama (values the
+    executor frees sooner): at a budget between its ILP peak and its simulated one, the search
+    given the simulator returns a schedule at least as cheap as per-block checkpointing whose
+    simulated peak fits, and never dearer than the search without it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import depth
+    from monet.frontend import training_inputs
+    from monet.inputs import ExampleInputs
+    from monet.solver.simulated import simulated_peak_fn
+
+    model, inputs = depth.build("llama", 4, 64, 64, 2, 128)
+    graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))
+    costs = costs_for(graph, analytic_costs(graph))
+    mem = memory_model(graph, costs)
+    peak_of = simulated_peak_fn(graph, costs, mem)
+    allow_s = allowed(graph, mem)[2]
+    per_block = next(c for c in Structure(graph, mem, costs.fwd_recompute, allow_s).uniform()
+                     if c.name == "blocks:recompute")
+    simulated = peak_of(per_block.S, per_block.R)
+    assert simulated < per_block.peak  # the ILP's count is above the simulator's
+    budget = (simulated + per_block.peak) / 2
+    S, R, cost, _ = search(graph, mem, allow_s, costs.fwd_recompute, budget, peak_of=peak_of)
+    assert cost <= per_block.cost + 1e-12 and peak_of(S, R) <= budget
+    found = search(graph, mem, allow_s, costs.fwd_recompute, budget)  # the ILP's count alone
+    assert found is None or cost <= found[2] + 1e-12
