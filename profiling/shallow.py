@@ -48,7 +48,7 @@ from monet.terms import MonetWarning
 #: stacks with fewer identical layers are measured whole; the copy keeps this many
 MIN_LAYERS, SHALLOW_LAYERS = 32, 4
 #: plain PyTorch's iterations on the deep model itself: discarded, then timed (the median is taken)
-PLAIN_WARMUP, PLAIN_REPEATS = 1, 3
+PLAIN_WARMUP, PLAIN_REPEATS = 1, 2
 
 
 def _layer_key(module: nn.Module) -> tuple:
