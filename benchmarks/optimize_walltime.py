@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
         else:
             rows += json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{name}: done", file=sys.stderr, flush=True)
-    command = "python benchmarks/optimize_walltime.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/optimize_walltime.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = table(rows, limits, command.strip(), args.budget).replace(SECTION, args.section, 1)
     if args.out:
         from monet.profiling.markdown import write_section
