@@ -92,7 +92,30 @@ def build(name: str):
     return model, inputs, F.cross_entropy, target
 
 
-def one(name: str, limits: list[float], cache_dir: str, budget: str = "50%") -> list[dict]:
+def gradients_against_plain(plan, solution, model, inputs, target) -> str:
+    """One training step of ``plan``'s wrapper with ``solution`` against plain PyTorch's from the
+    same weights (copies) and seed: ``bitwise`` or the largest relative difference
+    (`depth.gradients`, `depth.grad_cell`)."""
+    import copy
+    import contextlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import depth
+    from monet.inputs import ExampleInputs
+    from monet.plan import WithLoss
+
+    plain = plan.module
+    wrapper = plan.wrap(solution, copy.deepcopy(plain))
+    inputs = ExampleInputs.of(inputs)
+    if target is not None:
+        inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
+    base = (lambda m: m.model if isinstance(m, WithLoss) else m)
+    ours = depth.gradients(wrapper, inputs, contextlib.nullcontext, base(wrapper.model))
+    reference = copy.deepcopy(plain)
+    return depth.grad_cell(ours, depth.gradients(reference, inputs, contextlib.nullcontext, base(reference)))
+
+
+def one(name: str, limits: list[float], cache_dir: str, budget: str = "50%", check_grads: bool = False) -> list[dict]:
     """The rows of one model (run in this process)."""
     from monet.plan import prepare
     from monet.progress import Progress
@@ -112,7 +135,8 @@ def one(name: str, limits: list[float], cache_dir: str, budget: str = "50%") -> 
                          after_capture_and_costs_s=after, total_s=total, within=after <= limit,
                          within_twice=total <= 2 * limit, predicted_overhead=sol.meta.predicted_overhead(),
                          status=sol.meta.status, cost_source=str(sol.meta.cost_source),
-                         budget_fraction=sol.meta.budget_bytes / plan.eager_peak_bytes))
+                         budget_fraction=sol.meta.budget_bytes / plan.eager_peak_bytes,
+                         gradients=gradients_against_plain(plan, sol, model, inputs, target) if check_grads else None))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -126,17 +150,18 @@ def table(rows: list[dict], limits: list[float], command: str, budget: str = "50
              "time_limit=T, if_infeasible=\"smallest\")`; \"after\" is solve + calibration, the part the time limit "
              "covers; capture and costs are reported by the call (costs measured at the first limit, cached after).", "",
              "| model | T s | capture s | costs s | solve s | calibration s | after s | within T | total s | within 2T | status "
-             "| budget | predicted overhead |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: |"]
+             "| budget | predicted overhead | gradients |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r.get('time_limit_s', '')} | | | | | | | | | {r['error'][:80]} | | |")
+            lines.append(f"| {r['model']} | {r.get('time_limit_s', '')} | | | | | | | | | {r['error'][:80]} | | | |")
             continue
         lines.append(f"| {r['model']} | {r['time_limit_s']:g} | {r['capture_s']:.1f} | {r['costs_s']:.1f}"
                      f"{' (cached)' if r['costs_cached'] else ''} | {r['solve_s']:.1f} | {r['calibration_s']:.1f} | "
                      f"{r['after_capture_and_costs_s']:.1f} | {'yes' if r['within'] else 'NO'} | {r['total_s']:.1f} | "
                      f"{'yes' if r['within_twice'] else 'NO'} | {r['status']} | {100 * r['budget_fraction']:.0f} % | "
-                     + ("- |" if r.get("predicted_overhead") is None else f"{100 * r['predicted_overhead']:+.1f} % |"))
+                     + ("- |" if r.get("predicted_overhead") is None else f"{100 * r['predicted_overhead']:+.1f} % |")
+                     + f" {r.get('gradients') or '-'} |")
     ok = [r for r in rows if "error" not in r]
     lines += ["", f"{sum(r['within'] for r in ok)} of {len(ok)} calls within their time limit after capture and costs; "
               f"longest overrun {max((r['after_capture_and_costs_s'] - r['time_limit_s'] for r in ok), default=0):+.1f} s.", ""]
@@ -151,13 +176,15 @@ def main(argv=None) -> int:
     p.add_argument("--fresh", action="store_true", help="an empty cost cache per model (a machine that has not "
                    "costed it before; --cache-dir is then not read)")
     p.add_argument("--budget", default="50%", help="the budget of every call: a percentage or min (default 50%%)")
+    p.add_argument("--check-grads", action="store_true", help="after each call, one training step of the wrapper "
+                   "against plain PyTorch's: the gradients column (bitwise or the largest relative difference)")
     p.add_argument("--section", default=SECTION, help=f"the section's heading (default {SECTION!r})")
     p.add_argument("--out", type=Path, default=None, help="markdown file to write the section into")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one model, JSON on stdout
     args = p.parse_args(argv)
     limits = [float(t) for t in args.time_limits.split(",")]
     if args.one:
-        print(json.dumps(one(args.one, limits, args.cache_dir, args.budget)))
+        print(json.dumps(one(args.one, limits, args.cache_dir, args.budget, args.check_grads)))
         return 0
     if args.models == "all":
         sys.path.insert(0, str(ROOT / "tests"))
@@ -169,7 +196,8 @@ def main(argv=None) -> int:
     for name in names:
         cache = tempfile.mkdtemp(prefix="monet-fresh-") if args.fresh else args.cache_dir
         proc = subprocess.run([sys.executable, __file__, "--one", name, "--time-limits", args.time_limits,
-                               "--cache-dir", cache, "--budget", args.budget], capture_output=True, text=True)
+                               "--cache-dir", cache, "--budget", args.budget]
+                              + (["--check-grads"] if args.check_grads else []), capture_output=True, text=True)
         if proc.returncode != 0:
             rows.append(dict(model=name, error=(proc.stderr.strip().splitlines() or ["failed"])[-1]))
         else:
