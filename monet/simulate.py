@@ -1,6 +1,7 @@
 """The memory simulator: replay the executor's forward and backward modules op by op.
 
-It reads the very FX modules `monet.executor.build_modules` hands to AOTAutograd, so its accounting
+It reads the very FX graphs of the modules `monet.executor.build_modules` hands to AOTAutograd
+(`monet.executor.build_graphs`: the same graphs, without their generated code), so its accounting
 follows what runs: each op allocates its outputs (bytes from the traced shapes and dtypes) plus its
 workspace for the duration of the op; a storage is freed after the last use of any of its aliases
 (FX frees a value after its last use; a view keeps its base alive); the backward module's inputs
