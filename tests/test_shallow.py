@@ -118,17 +118,24 @@ def test_the_executor_beyond_its_operators_is_one_sum_per_iteration(deep):
     stand = Shallow(model, graph, "body.layers", 3, LAYERS)
     small = dict(executor_iteration_s=0.5, operators_s=0.4, operator_scale=1.0, recompute_factor=0.9,
                  between_operators_s=0.1 / 50, plain_iteration_s=0.45)
-    record = carried_record(model, x, graph, table, stand, small)
+    record = carried_record(model, x, graph, table, stand, small, plain_s=total)  # plain under the executor
     assert set(record) == set(FIELDS)
     assert record["executor_iteration_s"] == pytest.approx(total + 0.1)  # not 0.1 per 50 nodes
     assert record["between_operators_s"] == pytest.approx(0.1 / nodes)
     assert record["recompute_factor"] == 0.9 and record["operator_scale"] == 1.0
-    assert record["plain_iteration_s"] > 0
+    assert record["plain_iteration_s"] == total
     # an executor faster than its operators' sum: the scale carries, nothing is added
     faster = dict(small, executor_iteration_s=0.3, operator_scale=0.75)
-    record = carried_record(model, x, graph, table, stand, faster)
+    record = carried_record(model, x, graph, table, stand, faster, plain_s=0.5 * total)
     assert record["executor_iteration_s"] == pytest.approx(0.75 * total)
     assert record["between_operators_s"] == 0.0 and record["operator_scale"] == pytest.approx(0.75)
+    # plain PyTorch slower than the executor so carried: the operators' scale rises to meet it
+    record = carried_record(model, x, graph, table, stand, small, plain_s=2 * total + 0.1)
+    assert record["executor_iteration_s"] == pytest.approx(2 * total + 0.1)
+    assert record["operator_scale"] == pytest.approx(2.0)
+    assert record["between_operators_s"] == pytest.approx(0.1 / nodes)
+    # measured on the model itself when not given
+    assert carried_record(model, x, graph, table, stand, small)["plain_iteration_s"] > 0
 
 
 def test_hybrid_costs_of_a_deep_stack_come_from_its_copy(deep, monkeypatch, tmp_path):
