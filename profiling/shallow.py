@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import statistics
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -193,21 +192,17 @@ def carried_table(graph: OpGraph, shallow: Shallow, table: pd.DataFrame) -> pd.D
 def plain_iteration_s(model: nn.Module, inputs, autocast=None, repeats: int = PLAIN_REPEATS,
                       warmup: int = PLAIN_WARMUP) -> float:
     """Median seconds of plain PyTorch's training iteration of ``model`` on the CPU
-    (`monet.profiling.check.training_step`, ``warmup`` discarded, ``repeats`` timed), under
-    ``autocast``; ``model`` is left as it was (`monet.profiling.dispatch.restored`)."""
+    (`monet.profiling.check.training_step`, ``warmup`` discarded, ``repeats`` timed:
+    `monet.profiling.check.interleaved_times_of`), under ``autocast``; ``model`` is left as it was
+    (`monet.profiling.dispatch.restored`)."""
     from monet import mixed_precision
     from monet.inputs import ExampleInputs
-    from monet.profiling.check import training_step
+    from monet.profiling.check import interleaved_times_of, training_step
     from monet.profiling.dispatch import restored
 
     inputs = ExampleInputs.of(inputs)
-    times = []
     with restored(model), mixed_precision.context(autocast):
-        for i in range(warmup + repeats):
-            t0 = time.perf_counter()
-            training_step(model, inputs)
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
+        (times,) = interleaved_times_of([lambda: training_step(model, inputs)], repeats, warmup, "cpu")
     return float(statistics.median(times))
 
 
