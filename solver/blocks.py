@@ -9,9 +9,9 @@ solver then searches schedules built from whole blocks (`monet.solver.structured
 al., ICML 2023) do, before its node-level search refines them.
 
 A run of equal signatures may start anywhere inside a block (a rotation of the block repeats as
-well): the block boundaries are put where the fewest bytes cross from one block to the next
-(`_phase`), so that a block's input is the residual stream, not a value in the middle of its
-attention.
+well): the block boundaries are put where per-block checkpointing keeps the fewest bytes
+(`_phase`): few bytes crossing from one block to the next (the residual stream, not a value in
+the middle of its attention), and no part of a layer left outside the chain's whole blocks.
 """
 from __future__ import annotations
 
@@ -99,16 +99,22 @@ def crossing_bytes(graph: OpGraph) -> np.ndarray:
     return np.cumsum(diff)[:N + 1]
 
 
-def _phase(start: int, period: int, count: int, crossing: np.ndarray) -> Chain:
-    """The whole blocks of a periodic run, with their boundaries where the fewest bytes cross
-    between two blocks of the chain (their mean), then as many blocks as the run holds."""
+def _phase(start: int, period: int, count: int, crossing: np.ndarray, saved: np.ndarray) -> Chain:
+    """The whole blocks of a periodic run, with their boundaries where per-block checkpointing
+    keeps the fewest bytes: the bytes crossing each cut between two blocks of the chain, plus the
+    saved bytes (``saved``, (N,)) of the run's nodes a phase leaves outside its whole blocks,
+    which block policies cannot recompute.  A 24-layer BERT cut mid-layer (4 bytes less crossing
+    per cut) left its first attention and last MLP outside: 12 MiB more than transformers'
+    checkpointing of every layer.  Ties: more blocks."""
     best = None
+    end = start + count * period
     for r in range(period):
         n = count if r == 0 else count - 1
         if n < MIN_COUNT:
             continue
         cuts = start + r + period * np.arange(1, n)
-        score = (float(crossing[cuts].mean()), -n)
+        outside = saved[start:start + r].sum() + saved[start + r + n * period:end].sum()
+        score = (float(crossing[cuts].sum() + outside), -n)
         if best is None or score < best[0]:
             best = (score, Chain(start + r, period, n))
     return best[1] if best else Chain(start, period, count)
@@ -124,6 +130,7 @@ def find_chains(graph: OpGraph, codes: np.ndarray | None = None) -> list[Chain]:
     """
     codes = signature_codes(graph) if codes is None else np.asarray(codes)
     crossing = crossing_bytes(graph)
+    saved = np.array([n.saved_bytes for n in graph.fwd], dtype=float)
     chains: list[Chain] = []
     todo = [(0, len(codes))]
     while todo:
@@ -131,7 +138,7 @@ def find_chains(graph: OpGraph, codes: np.ndarray | None = None) -> list[Chain]:
         found = _best_run(codes, lo, hi) if hi - lo >= MIN_PERIOD * MIN_COUNT else None
         if found is None:
             continue
-        chain = _phase(*found, crossing)
+        chain = _phase(*found, crossing, saved)
         chains.append(chain)
         todo += [(lo, chain.start), (chain.stop, hi)]
     return sorted(chains, key=lambda c: c.start)
