@@ -245,6 +245,26 @@ def one(cfg: dict) -> list[dict]:
     return rows
 
 
+def merged(rows: list[dict], csv: Path | None) -> list[dict]:
+    """``rows`` after the rows of ``csv`` (written by an earlier run) whose configuration (model,
+    layers, dtype) none of ``rows`` has.
+
+    Raises:
+        SystemExit: no ``csv`` given."""
+    if csv is None:
+        raise SystemExit("--merge needs --csv: the file whose other configurations to keep")
+    if not csv.exists():
+        return rows
+    import pandas as pd
+
+    ran = {(r["model"], int(r["layers"]), r["dtype"]) for r in rows}
+    old = pd.read_csv(csv).astype(object)
+    old = old.where(old.notna(), None)
+    kept = [{"measured": "an earlier run", **{k: v for k, v in r.items() if v is not None}}
+            for r in old.to_dict("records") if (r["model"], int(r["layers"]), r["dtype"]) not in ran]
+    return kept + rows
+
+
 def _mib(b) -> str:
     return "-" if b is None else f"{b / 2**20:.1f}"
 
@@ -290,8 +310,18 @@ def section(rows: list[dict], command: str, started: str, elapsed: float, title:
         "training iteration at the allocator (parameters and gradients included); overhead = median of paired "
         "interleaved iterations against plain PyTorch, minus 1; monet's budgets are 50 % of plain "
         "PyTorch's simulated peak, `budget=\"min\"` and each peer's measured peak (bytes).  Wall time: the capture and the costs "
-        "are one `monet.prepare` per configuration, the solve is per budget.", "",
+        "are one `monet.prepare` per configuration, the solve is per budget." + _earlier(rows, started), "",
         table(rows), ""])
+
+
+def _earlier(rows: list[dict], started: str) -> str:
+    """The sentence naming the configurations measured by earlier runs (`merged`), if any."""
+    old = sorted({(r["model"], int(r["layers"]), r["dtype"], r["measured"]) for r in rows
+                  if r.get("measured", started) != started})
+    if not old:
+        return ""
+    return ("  Rows of " + ", ".join(f"{m}-{n} {d} ({t})" for m, n, d, t in old) +
+            " are from earlier runs of the same command (`--merge`).")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -341,6 +371,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="markdown file whose section to write (else printed)")
     p.add_argument("--section", default=SECTION, help=f"the section's heading (default {SECTION!r})")
     p.add_argument("--csv", type=Path, default=None, help="write every row here too")
+    p.add_argument("--merge", action="store_true", help="keep the --csv file's rows of the configurations "
+                   "(model, layers, dtype) not run now, and write the section from all of them (each row's "
+                   "'measured' column says when it was)")
     p.add_argument("--plot", type=Path, default=None, help="overhead against peak, one panel per configuration")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one configuration as JSON
     args = p.parse_args(argv)
@@ -370,6 +403,9 @@ def main(argv=None) -> int:
                     rows.append(dict(cfg, method="(all)", error=f"the configuration's process exited {proc.returncode}"))
                 else:
                     rows += json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = [dict(r, measured=started) for r in rows]
+    if args.merge:
+        rows = merged(rows, args.csv)
     text = section(rows, command, started, time.perf_counter() - t_start, args.section)
     if args.out:
         from monet.profiling.markdown import write_section
