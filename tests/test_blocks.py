@@ -229,3 +229,33 @@ def test_a_block_schedule_the_simulator_fits_is_taken_over_the_ilps_count():
     assert cost <= per_block.cost + 1e-12 and peak_of(S, R) <= budget
     found = search(graph, mem, allow_s, costs.fwd_recompute, budget)  # the ILP's count alone
     assert found is None or cost <= found[2] + 1e-12
+
+
+def test_the_search_takes_what_the_ilps_over_count_hides(stack):
+    """Where the simulator's peak sits below the ILP's memory (here by a third of what per-block
+    checkpointing saves), the search given it returns a schedule that recomputes less than the
+    best the ILP's count allows at per-block checkpointing's peak, and that the simulator fits;
+    with a simulator that agrees with the ILP, it returns what it was given."""
+    from monet.solver.ilp import _improve_in_simulated_slack
+    from monet.solver.repair import improve
+
+    _, _, graph, costs = stack
+    mem = memory_model(graph, costs)
+    allow_s = allowed(graph, mem)[2]
+    st = Structure(graph, mem, costs.fwd_recompute, allow_s)
+    per_block = next(c for c in st.uniform() if c.name == "blocks:recompute")
+    budget = per_block.peak
+    S, R, cost = improve(graph, mem, per_block.S, per_block.R, budget, costs.fwd_recompute, allow_s,
+                         time.perf_counter() + 10)
+    assert cost > 0
+    slack = (eager_peak(graph, costs) - budget) / 3
+
+    def lower(S_, R_):
+        return mem.peak(S_, R_) - slack
+
+    S2, R2, c2 = _improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
+                                             time.perf_counter() + 3, lower)
+    assert c2 < cost and lower(S2, R2) <= budget
+    same = _improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
+                                       time.perf_counter() + 3, mem.peak)
+    assert same[2] == cost and (same[0] == S).all()
