@@ -24,6 +24,21 @@ from monet.solver import DEFAULT_GAP
 #: gets; the timing (and in full mode a second solve) gets the rest
 CALIBRATED_SOLVE_SHARE = 0.5
 
+#: `optimize` returns within about this many times its ``time_limit`` in all: where the capture
+#: and the costs leave less than ``time_limit`` of it (a 96-layer GPT-2 captured in 59 s and costed
+#: in 32 s at ``time_limit=60``), the solve gets what they leave, less `CALL_MARGIN` of
+#: ``time_limit`` for wrapping, but at least `MIN_SOLVE_FRACTION` of ``time_limit``
+CALL_LIMIT_FACTOR, CALL_MARGIN, MIN_SOLVE_FRACTION = 2.0, 0.05, 0.25
+
+
+def solve_limit(time_limit: float, elapsed: float) -> float:
+    """Seconds for the solve (and the calibration) of an `optimize` call with ``time_limit``
+    seconds whose capture and costs took ``elapsed`` seconds: ``time_limit``, or less where the
+    call would pass `CALL_LIMIT_FACTOR` x ``time_limit`` (see there)."""
+    left = (CALL_LIMIT_FACTOR - CALL_MARGIN) * time_limit - elapsed
+    return max(min(time_limit, left), MIN_SOLVE_FRACTION * time_limit)
+
+
 # Optimizer state kept per parameter element, in units of the parameter's own bytes (PyTorch's
 # implementations: SGD with momentum keeps one buffer, Adam and AdamW two: exp_avg, exp_avg_sq).
 OPTIMIZER_STATE = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
@@ -154,7 +169,10 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             their times): the solve, the smallest-budget search, the fallback with
             ``if_infeasible="smallest"`` and the calibration share this one deadline
             (`monet.solver.deadline.Deadline`).  Where the schedule is timed (``calibrate``), the
-            solver gets `CALIBRATED_SOLVE_SHARE` of it and the timing the rest.
+            solver gets `CALIBRATED_SOLVE_SHARE` of it and the timing the rest.  The call as a whole
+            returns within about 2 x ``time_limit``: where the capture and the costs take more
+            than ``time_limit`` (a model of many layers), the solve gets what is left of that
+            (`solve_limit`, said in the log).
         loss_fn: optional ``loss_fn(output, target)``: the loss is traced with the model and the
             returned wrapper returns it (call it as ``wrapper(*inputs, target=y)``).  Without it
             the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
@@ -206,8 +224,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             schedule against keeping everything and plain PyTorch and predict its overhead from
             its measured recomputation; in full mode, where it measures more than 3 % off, solve
             again with the recompute costs scaled to the measurement and keep the faster
-            (`monet.profiling.calibration`), all within ``time_limit`` (where too little of it
-            is left, the schedule is not timed, said in the log).  False: the cost model's
+            (`monet.profiling.calibration`), all within ``time_limit`` (where timing it would not
+            fit, it is not timed and the solver gets the whole limit, said in the log).  False: the cost model's
             prediction, unmeasured.
 
     The capture and the costs of the last call on a model are kept (`prepare`): a second call on
@@ -248,11 +266,17 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     with warnings.catch_warnings(), Progress(progress) as bar:
         if not progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
             warnings.simplefilter("ignore", MonetWarning)
+        start = time.perf_counter()
         plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
                        gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True,
                        lm_loss=lm_loss)
+        limit = solve_limit(time_limit, time.perf_counter() - start)
+        if limit < time_limit:
+            plan._log(f"the capture and the costs took {time.perf_counter() - start:.0f} s: the solve gets {limit:.0f} s "
+                      f"of its {time_limit:g} s, so that the call returns within about {CALL_LIMIT_FACTOR:g} x "
+                      "time_limit")
         try:
-            sol = plan.solve(budget, mode=mode, time_limit=time_limit, optimizer=optimizer, solver=solver, gap=gap,
+            sol = plan.solve(budget, mode=mode, time_limit=limit, optimizer=optimizer, solver=solver, gap=gap,
                              if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
                              reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth, calibrate=calibrate,
                              progress=bar)
@@ -327,7 +351,8 @@ class Plan:
         ``calibrate`` is true, the solver gets `CALIBRATED_SOLVE_SHARE` of the limit and the solved
         schedule is timed in the rest and predicted from its measured recomputation (in full mode
         solved again with it, the faster kept: `monet.profiling.calibration.calibrated_solve`);
-        where the rest is too short for that, it is not timed (said in the log).  ``progress``: the
+        where the timing would not fit in the rest (`monet.profiling.calibration.timing_fits`),
+        it is not timed and the solver gets the whole limit (said in the log).  ``progress``: the
         bar of the call under way (None: one of its own, if the plan shows progress)."""
         own = progress is None
         bar = Progress(self.progress, phases=("solve", "calibration")) if own else progress
@@ -380,6 +405,11 @@ class Plan:
         t0 = time.perf_counter()
         deadline = Deadline(time_limit)
         calibrating = calibrate and self.calibrates
+        if calibrating:  # a timing that cannot fit leaves the solver the whole limit
+            from monet.profiling.calibration import timing_fits
+
+            calibrating = timing_fits(self.costs, (1 - CALIBRATED_SOLVE_SHARE) * time_limit,
+                                      1 if self.keep is not None else 2, self.capture_s, self._log)
         at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
         share = CALIBRATED_SOLVE_SHARE if calibrating else 1.0
         self._log(f"solving at {at} ({mode}, {solver}, {share * time_limit:g} s of the time limit "
@@ -587,4 +617,4 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
                 calibrates=calibration.applies(cost, device), capture_s=capture_s, key=key)
 
 
-__all__ = ["CALIBRATED_SOLVE_SHARE", "forget_plans", "loss_from_name", "loss_name", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]
+__all__ = ["CALIBRATED_SOLVE_SHARE", "CALL_LIMIT_FACTOR", "solve_limit", "forget_plans", "loss_from_name", "loss_name", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

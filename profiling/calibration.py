@@ -143,6 +143,26 @@ def timing_seconds(costs: CostArrays, turns: int = MIN_TURNS, traces: int = 1, t
     return traces * trace_s + (3 * WARMUP + 1 + 3 * FACTOR_ROUNDS * turns) * iteration
 
 
+def untimed_note(costs: CostArrays, seconds: float, traces: int = 1, trace_s: float = 0.0) -> str | None:
+    """The log line that says a schedule is not timed, where `timing_seconds` (``traces`` traces
+    of ``trace_s`` seconds) exceeds the ``seconds`` left for it; else None."""
+    need = timing_seconds(costs, traces=traces, trace_s=trace_s)
+    if need <= seconds:
+        return None
+    return (f"not timed: the time limit leaves {seconds:.1f} s, timing the schedule takes about {need:.0f} s; "
+            "the cost model's prediction stands (a larger time limit times it)")
+
+
+def timing_fits(costs: CostArrays, seconds: float, traces: int, trace_s: float, log: Callable[[str], None]) -> bool:
+    """Whether timing a schedule (`timing_seconds`) fits in the ``seconds`` that a solve leaves
+    it, decided before the solve; where not, ``log`` says that it will not be timed and that the
+    solver gets the whole time limit."""
+    note = untimed_note(costs, seconds, traces, trace_s)
+    if note:
+        log(f"{note}; the solver gets the whole time limit")
+    return note is None
+
+
 def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
                      repeats: int | None = None, deadline=None) -> tuple[float, float, float] | None:
     """``(M, K, P)``: median seconds of a training iteration of ``model`` run by ``solution`` (on a
@@ -236,10 +256,9 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     from monet.solver.deadline import Deadline
 
     log = log or (lambda _m: None)
-    need = timing_seconds(costs, traces=1 if keep is not None else 2, trace_s=trace_s)
-    if deadline is not None and need > deadline.left():
-        log(f"not timed: the time limit leaves {deadline.left():.1f} s, timing the schedule takes about "
-            f"{need:.0f} s; the cost model's prediction stands (a larger time limit times it)")
+    note = None if deadline is None else untimed_note(costs, deadline.left(), 1 if keep is not None else 2, trace_s)
+    if note:
+        log(note)
         return solution
     recompute = recompute_seconds(graph, costs, solution, device, cost_fn)
     if keep is None:
@@ -300,5 +319,5 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     return first
 
 
-__all__ = ["timing_seconds", "MIN_TURNS", "RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
+__all__ = ["timing_seconds", "timing_fits", "untimed_note", "MIN_TURNS", "RATIO_MAX", "RATIO_MIN", "RATIO_TOLERANCE", "calibrated_solve", "calibrated_bound", "calibration_ratio", "measurable", "measure_schedule",
            "plain_reference_s", "recompute_seconds", "scaled_costs"]

@@ -183,6 +183,18 @@ def test_calibration_that_does_not_fit_the_time_limit_is_skipped(batch, tmp_path
                                         else [str(sol.meta.cost_source)])
 
 
+def test_a_long_capture_shortens_the_solve_so_the_call_keeps_to_twice_the_limit():
+    """`optimize`'s solve gets its whole time limit while the capture and the costs leave room,
+    what is left of 2 x time_limit (less the margin for wrapping) after a long capture, and never
+    less than its floor."""
+    from monet.plan import CALL_LIMIT_FACTOR, CALL_MARGIN, MIN_SOLVE_FRACTION, solve_limit
+
+    assert solve_limit(60, 10) == 60
+    assert solve_limit(60, 91) == pytest.approx((CALL_LIMIT_FACTOR - CALL_MARGIN) * 60 - 91)
+    assert 91 + solve_limit(60, 91) < CALL_LIMIT_FACTOR * 60
+    assert solve_limit(60, 500) == MIN_SOLVE_FRACTION * 60
+
+
 def test_progress_shows_the_phases_with_their_times(batch, costs_dir, capsys):
     forget_plans()
     capsys.readouterr()

@@ -159,7 +159,7 @@ def run(args) -> int:
     from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
     from monet.plan import loss_outside_note
     from monet.plan import CALIBRATED_SOLVE_SHARE
-    from monet.profiling.calibration import applies as calibrates, calibrated_solve
+    from monet.profiling.calibration import applies as calibrates, calibrated_solve, timing_fits
     from monet.solver.deadline import Deadline
     from monet.solver.solve import SEARCH_SHARE
 
@@ -205,6 +205,7 @@ def run(args) -> int:
     info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
     deadline = Deadline(args.time_limit)  # one for the search, the solve and the timing
     calibrating = args.calibrate and calibrates(args.cost, device)
+    calibrating = calibrating and timing_fits(costs, deadline.left() * (1 - CALIBRATED_SOLVE_SHARE), 2, capture_s, log)
     solving = Deadline(deadline.left() * (CALIBRATED_SOLVE_SHARE if calibrating else 1.0))
     try:
         if args.min_budget:
