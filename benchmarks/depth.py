@@ -194,14 +194,18 @@ def one(cfg: dict) -> list[dict]:
             ovh = step_overhead(plain, module, inputs, repeats=cfg["repeats"], warmup=1)[0]
         grads = gradients(module, inputs, autocast, base)
         row = dict(cfg, method=name, peak=int(peak), overhead=ovh, grads=grad_cell(grads, reference), **extra)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-        rows.append(row)
+        report(row)
         return row
+
+    def report(row):  # each row as made: the parent keeps those of a process killed later (out of memory)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
 
     with autocast():
         plain_peak = step_peak(plain, inputs)
     reference = gradients(plain, inputs, autocast)
-    rows.append(dict(cfg, method="plain PyTorch", peak=int(plain_peak), overhead=0.0, grads="reference"))
+    report(dict(cfg, method="plain PyTorch", peak=int(plain_peak), overhead=0.0, grads="reference"))
     targets = []
     wanted = cfg.get("peers")
     for name, module in peers(model, wanted):
@@ -209,7 +213,7 @@ def one(cfg: dict) -> list[dict]:
             row = measure(name, module, {}, module.model if isinstance(module, CompiledWithBudget) else module)
             targets.append((name, row["peak"]))
         except Exception as e:  # noqa: BLE001 - a peer that fails is a row that says so
-            rows.append(dict(cfg, method=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+            report(dict(cfg, method=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"))
         del module
     from monet.solver.solve import parse_budget
 
@@ -228,7 +232,7 @@ def one(cfg: dict) -> list[dict]:
             try:
                 sol = plan.solve(budget, mode="normal", time_limit=cfg["time_limit"])
             except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
-                rows.append(dict(cfg, method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}"))
+                report(dict(cfg, method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}"))
                 continue
             solve_s = time.perf_counter() - t0
             wrapped = plan.wrap(sol)
@@ -243,6 +247,15 @@ def one(cfg: dict) -> list[dict]:
                                         status=sol.meta.status), plan.module)
             del wrapped
     return rows
+
+
+def _row(line: str) -> dict | None:
+    """A row a configuration's process printed on this line of its stdout, else None."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and "method" in row else None
 
 
 def merged(rows: list[dict], csv: Path | None) -> list[dict]:
@@ -378,7 +391,7 @@ def main(argv=None) -> int:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one configuration as JSON
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one(json.loads(args.one))))
+        one(json.loads(args.one))  # its rows are printed as they are made
         return 0
     import datetime as dt
     import shlex
@@ -399,10 +412,12 @@ def main(argv=None) -> int:
                 print(f"== {model} {layers} layers {dtype}", file=sys.stderr, flush=True)
                 proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], stdout=subprocess.PIPE,
                                       text=True)
+                made = [row for row in map(_row, proc.stdout.splitlines()) if row is not None]
+                rows += made
                 if proc.returncode != 0:
-                    rows.append(dict(cfg, method="(all)", error=f"the configuration's process exited {proc.returncode}"))
-                else:
-                    rows += json.loads(proc.stdout.strip().splitlines()[-1])
+                    killed = " (killed: out of memory?)" if proc.returncode == -9 else ""
+                    rows.append(dict(cfg, method="(the rest)", error=f"the configuration's process exited "
+                                                                    f"{proc.returncode}{killed} after {len(made)} rows"))
     rows = [dict(r, measured=started) for r in rows]
     if args.merge:
         rows = merged(rows, args.csv)
