@@ -270,9 +270,10 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
                        gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True,
                        lm_loss=lm_loss)
-        limit = solve_limit(time_limit, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        limit = solve_limit(time_limit, elapsed)
         if limit < time_limit:
-            plan._log(f"the capture and the costs took {time.perf_counter() - start:.0f} s: the solve gets {limit:.0f} s "
+            plan._log(f"the capture and the costs took {elapsed:.0f} s: the solve gets {limit:.0f} s "
                       f"of its {time_limit:g} s, so that the call returns within about {CALL_LIMIT_FACTOR:g} x "
                       "time_limit")
         try:
