@@ -3,7 +3,8 @@
 `monet.frontend` exports the call with Dynamo (the front end of ``torch.compile`` and
 ``torch.export``: keyword inputs, ``ModelOutput``, tied weights, transformers' masks) and traces the
 exported graph with AOTAutograd; the ``partition_fn`` hook receives the joint forward+backward graph,
-`capture` records it and stops the trace there.  Both steps use fake tensors, so capturing
+`capture` records it and stops the trace there.  A deep stack of identical layers is exported from
+a copy with a few of them (`monet.stack.export_stack`).  Both steps use fake tensors, so capturing
 ResNet-50 at batch 184 allocates nothing of that size: the example inputs only give shapes and dtypes.
 """
 from __future__ import annotations
@@ -14,10 +15,11 @@ import torch
 import torch.nn as nn
 
 from monet import mixed_precision
-from monet.frontend import (CaptureError, describe_export_failure, export, kinds_by_name, primal_kinds,
+from monet.frontend import (CaptureError, describe_export_failure, kinds_by_name, primal_kinds,
                             primal_sources, trace, training_inputs)
 from monet.graph import OpGraph, build_opgraph
 from monet.inputs import ExampleInputs, call_key
+from monet.stack import export_stack
 
 
 class _Captured(Exception):
@@ -27,7 +29,8 @@ class _Captured(Exception):
         self.num_fwd_outputs = num_fwd_outputs
 
 
-def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None = None, lm_loss=None) -> OpGraph:
+def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None = None, lm_loss=None,
+            log=None) -> OpGraph:
     """Trace ``model(*example_inputs)`` forward and backward and return its `OpGraph`.
 
     Args:
@@ -49,6 +52,8 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             chunks of tokens (`monet.lm_loss.fuse_lm_loss`: Liger Kernel's chunk size, or that
             many rows), so that the logits never exist whole; the model then returns no logits
             in training.  A model without such a loss is captured as it is.
+        log: a callable taking one line for the log (``Progress.log``), told how a deep stack of
+            identical layers was exported (`monet.stack.export_stack`); None: nothing said.
 
     Returns:
         The `OpGraph`, with ``joint`` set to the traced joint graph.
@@ -74,7 +79,7 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
         if autocast_dtype is not None and autocast != mixed_precision.normalize((device_type, autocast_dtype)):
             raise ValueError(f"torch.autocast does not run {autocast_dtype} on {device_type} "
                              f"(it runs {mixed_precision.describe(autocast)})")
-        gm = export(model, inputs)
+        gm = export_stack(model, inputs, log)
         if lm_loss is not None:
             from monet.lm_loss import fuse_lm_loss
 

@@ -595,7 +595,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         with bar.phase("capture"):
             t0 = time.perf_counter()
             bar.log(f"capturing {name} on {inputs.describe()} ...")
-            graph = capture(module, inputs, autocast_dtype=autocast_dtype, lm_loss=lm_loss)
+            graph = capture(module, inputs, autocast_dtype=autocast_dtype, lm_loss=lm_loss, log=bar.log)
             capture_s = time.perf_counter() - t0
             bar.log(f"captured in {capture_s:.1f} s: {graph.describe()}")
         with bar.phase("costs"):

@@ -8,11 +8,12 @@ import torch
 import torch.nn as nn
 
 from monet.executor import RUNTIME, build_modules
-from monet.frontend import (ShardedModelError, export, fsdp_refusal, kinds_by_name, primal_kinds,
+from monet.frontend import (ShardedModelError, fsdp_refusal, kinds_by_name, primal_kinds,
                             primal_sources, rebind, trace, training_inputs, cache_owner)
 from monet.graph import build_opgraph, portable_summary
 from monet import compat, mixed_precision
 from monet.inputs import ExampleInputs, call_key
+from monet.stack import export_stack
 from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
                             check_compatible, load_solution)
 
@@ -91,7 +92,7 @@ class ScheduledModule(nn.Module):
     def _trace(self, inputs: ExampleInputs, autocast, key=None):
         gm = self.__dict__["_exported"].pop(key, None)  # the capture's export, handed over once
         if gm is None:
-            gm = export(self.model, inputs)
+            gm = export_stack(self.model, inputs)
         if self.__dict__["_transform"] is not None:
             self.__dict__["_transform"](gm)
         sources = primal_sources(gm, self.model, inputs)

@@ -31,8 +31,6 @@ model is measured whole, as before.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import statistics
 import warnings
 import weakref
@@ -42,54 +40,16 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
+from monet import stack
 from monet.graph import OpGraph, node_signatures
+from monet.stack import repeated_layers, shallow_copy
 from monet.terms import MonetWarning
 
-#: stacks with fewer identical layers are measured whole; the copy keeps this many
-MIN_LAYERS, SHALLOW_LAYERS = 32, 4
+#: stacks with fewer identical layers are measured whole (`monet.stack.MIN_LAYERS`, as they are
+#: exported whole); the copy keeps this many (`monet.stack.KEEP`, the copy an export is written from)
+MIN_LAYERS, SHALLOW_LAYERS = stack.MIN_LAYERS, stack.KEEP
 #: plain PyTorch's iterations on the deep model itself: discarded, then timed (the median is taken)
 PLAIN_WARMUP, PLAIN_REPEATS = 1, 2
-
-
-def _layer_key(module: nn.Module) -> tuple:
-    """What makes two layers identical here: class, parameters' and buffers' names, shapes, dtypes."""
-    tensors = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
-    return (type(module),) + tuple((n, tuple(t.shape), t.dtype) for n, t in tensors)
-
-
-def repeated_layers(model: nn.Module, min_layers: int | None = None) -> tuple[str, int] | None:
-    """``(qualified name, length)`` of the longest ``nn.ModuleList`` of ``model`` whose members are
-    identical layers (one class; the same parameter and buffer names, shapes and dtypes), if it has
-    at least ``min_layers`` (None: `MIN_LAYERS`); else None."""
-    min_layers = MIN_LAYERS if min_layers is None else min_layers
-    best = None
-    for name, m in model.named_modules():
-        if not isinstance(m, nn.ModuleList) or len(m) < min_layers or (best and len(m) <= best[1]):
-            continue
-        first = _layer_key(m[0])
-        if all(_layer_key(layer) == first for layer in m):
-            best = (name, len(m))
-    return best
-
-
-@contextlib.contextmanager
-def _truncated(model: nn.Module, name: str, keep: int):
-    """``model`` with its ``nn.ModuleList`` ``name`` cut to its first ``keep`` layers, restored after."""
-    parent_name, _, attr = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    full = getattr(parent, attr)
-    setattr(parent, attr, nn.ModuleList(list(full)[:keep]))
-    try:
-        yield
-    finally:
-        setattr(parent, attr, full)
-
-
-def shallow_copy(model: nn.Module, name: str, keep: int | None = None) -> nn.Module:
-    """A deep copy of ``model`` whose ``nn.ModuleList`` ``name`` holds only its first ``keep``
-    layers (None: `SHALLOW_LAYERS`; only their parameters are copied); ``model`` is left as it was."""
-    with _truncated(model, name, SHALLOW_LAYERS if keep is None else keep):
-        return copy.deepcopy(model)
 
 
 @dataclass
@@ -138,12 +98,12 @@ def _make_stand_in(model: nn.Module, inputs, graph: OpGraph) -> Shallow | None:
     from monet.capture import capture
     from monet.lm_loss import fused
 
-    found = repeated_layers(model)
+    found = repeated_layers(model, MIN_LAYERS)
     if found is None or graph.joint is None:
         return None
     name, count = found
     try:
-        small = shallow_copy(model, name)
+        small = shallow_copy(model, name, SHALLOW_LAYERS)
         dtype = None if graph.autocast is None else getattr(torch, mixed_precision.normalize(graph.autocast)[1])
         chunk = fused(graph.summary)
         small_graph = capture(small, inputs, autocast_dtype=dtype, lm_loss=None if chunk is None else chunk)

@@ -1,0 +1,317 @@
+"""Deep stacks of identical layers: find them, copy a model with fewer of them, and export the deep
+model from the export of that copy.
+
+The models people train are deep stacks of one block (transformers' ``model.layers``,
+``transformer.h``, ``encoder.layer``).  Dynamo's export runs the model's Python bytecode once per
+layer: a 96-layer GPT-2 (hidden 256, 2 x 256 tokens) took 56-76 s to capture on 2 cores, most of
+it in Dynamo, although its layers are one block 96 times.  `export_stack` exports a copy that keeps
+only the first `KEEP` layers (`shallow_copy`), checks that the copy's graph is a prefix, one run of
+nodes per layer and a suffix, with every layer after the first the same nodes as the one before it
+(the same operators, constants and parameter names within the layer, reading the layer before it
+where that one read its own predecessor), and writes the deep model's graph from it: the prefix,
+the first layer, the second layer's nodes once per further layer (each reading its predecessor and
+its own parameters), the suffix.  AOTAutograd traces that graph as it would trace Dynamo's own
+export of the deep model, so the joint graph (and its fingerprint) is the same.
+
+Where anything of that does not hold (a layer whose nodes depend on its index, such as alternating
+attention types, a suffix that reads every layer's output, a stack Dynamo does not name in its
+``nn_module_stack``), the model is exported whole, as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch.fx as fx
+import torch.nn as nn
+
+#: stacks with fewer identical layers are exported (and costed) whole
+MIN_LAYERS = 32
+#: layers of the copy an export is written from: the first (it reads the prefix), two to compare
+#: (the second and third), and the last (what the suffix reads)
+KEEP = 4
+
+
+def _layer_key(module: nn.Module) -> tuple:
+    """What makes two layers identical here: class, parameters' and buffers' names, shapes, dtypes."""
+    tensors = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+    return (type(module),) + tuple((n, tuple(t.shape), t.dtype) for n, t in tensors)
+
+
+def repeated_layers(model: nn.Module, min_layers: int | None = None) -> tuple[str, int] | None:
+    """``(qualified name, length)`` of the longest ``nn.ModuleList`` of ``model`` whose members are
+    identical layers (one class; the same parameter and buffer names, shapes and dtypes), if it has
+    at least ``min_layers`` (None: `MIN_LAYERS`); else None."""
+    min_layers = MIN_LAYERS if min_layers is None else min_layers
+    best = None
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) < min_layers or (best and len(m) <= best[1]):
+            continue
+        first = _layer_key(m[0])
+        if all(_layer_key(layer) == first for layer in m):
+            best = (name, len(m))
+    return best
+
+
+@contextlib.contextmanager
+def _truncated(model: nn.Module, name: str, keep: int):
+    """``model`` with its ``nn.ModuleList`` ``name`` cut to its first ``keep`` layers, restored after."""
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    full = getattr(parent, attr)
+    setattr(parent, attr, nn.ModuleList(list(full)[:keep]))
+    try:
+        yield
+    finally:
+        setattr(parent, attr, full)
+
+
+def shallow_copy(model: nn.Module, name: str, keep: int) -> nn.Module:
+    """A deep copy of ``model`` whose ``nn.ModuleList`` ``name`` holds only its first ``keep``
+    layers (only their parameters are copied); ``model`` is left as it was."""
+    with _truncated(model, name, keep):
+        return copy.deepcopy(model)
+
+
+# ----------------------------------------------------------------------------------------------
+# the copy's graph, cut into prefix, layers and suffix
+# ----------------------------------------------------------------------------------------------
+
+
+class NotRepeatable(ValueError):
+    """The copy's graph is not a prefix, one identical run of nodes per layer and a suffix."""
+
+
+@dataclass
+class Segments:
+    """The nodes of an exported graph of a stack: ``prefix`` (placeholders, embeddings, masks),
+    ``layers`` (one run of nodes per layer, in order) and ``suffix`` (final norm, head, loss, output)."""
+
+    prefix: list[fx.Node]
+    layers: list[list[fx.Node]]
+    suffix: list[fx.Node]
+
+
+def _layer_index(node: fx.Node, name: str) -> int | None:
+    """The index of the layer of ``name`` that ``node`` was traced in (Dynamo's ``nn_module_stack``:
+    ``L['self'].transformer.h.3`` or ``...h[3]``), else None."""
+    pattern = re.compile(r"(?:^|\.)" + re.escape(name) + r"\.(\d+)$")
+    for entry in (node.meta.get("nn_module_stack") or {}).values():
+        path = entry[0] if isinstance(entry, tuple) else str(entry)
+        path = re.sub(r"\[(\d+)\]", r".\1", re.sub(r"^L\['self'\]\.?", "", path))
+        m = pattern.search(path)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def segments(gm: fx.GraphModule, name: str, kept: int) -> Segments:
+    """Cut ``gm`` (an export of a model whose stack ``name`` holds ``kept`` layers) into `Segments`.
+
+    Raises:
+        NotRepeatable: the layers' nodes are not ``kept`` runs, in order, between a prefix and a
+            suffix that belong to no layer."""
+    prefix, layers, suffix = [], [], []
+    for node in gm.graph.nodes:
+        k = _layer_index(node, name)
+        if k is None:
+            (suffix if layers else prefix).append(node)
+        elif suffix or k not in (len(layers) - 1, len(layers)):
+            raise NotRepeatable(f"the nodes of layer {k} of {name} are not one run between the layers before "
+                                "and after it")
+        elif k == len(layers):
+            layers.append([node])
+        else:
+            layers[-1].append(node)
+    if len(layers) != kept:
+        raise NotRepeatable(f"{len(layers)} of the {kept} layers of {name} have nodes in the graph")
+    return Segments(prefix, layers, suffix)
+
+
+def _names(model: nn.Module) -> dict[int, str]:
+    """Qualified name of each parameter and buffer of ``model``, by id (the first name where tied)."""
+    names: dict[int, str] = {}
+    for n, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
+        names.setdefault(id(t), n)
+    return names
+
+
+def _describe(nodes: list[fx.Node], before: list[fx.Node] | None, outer: set[fx.Node], tensor_name, layer: str):
+    """What a layer's nodes compute, independent of which layer they are: per node its op, target
+    (a parameter or buffer by its name within the layer), constants, and each node argument as
+    ("own", position), ("before", position in the layer before) or ("outer", the prefix's node).
+
+    Raises:
+        NotRepeatable: a node reads another layer than its own and the one before it."""
+    own = {n: k for k, n in enumerate(nodes)}
+    prev = {n: k for k, n in enumerate(before or [])}
+
+    def ref(a):
+        if isinstance(a, fx.Node):
+            if a in own:
+                return ("own", own[a])
+            if a in prev:
+                return ("before", prev[a])
+            if a in outer:
+                return ("outer", a.name)
+            raise NotRepeatable(f"{a.name} is read by a layer two or more layers after its own")
+        if isinstance(a, (tuple, list)):
+            return type(a)(ref(x) for x in a)
+        if isinstance(a, dict):
+            return tuple((k, ref(v)) for k, v in a.items())
+        if isinstance(a, slice):
+            return ("slice", ref(a.start), ref(a.stop), ref(a.step))
+        return ("const", type(a).__name__, repr(a))
+
+    out = []
+    for n in nodes:
+        target = n.target
+        if n.op == "get_attr":
+            full = tensor_name(n.target)
+            target = full[len(layer) + 1:] if full.startswith(layer + ".") else ("outer", full)
+        out.append((n.op, target, ref(n.args), ref(dict(n.kwargs))))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the deep graph
+# ----------------------------------------------------------------------------------------------
+
+
+def _flat(name: str) -> str:
+    return "p_" + name.replace(".", "_")
+
+
+def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: str, count: int) -> fx.GraphModule:
+    """The export of ``model`` (whose ``nn.ModuleList`` ``name`` holds ``count`` identical layers)
+    written from ``gm``, an export of ``small`` (`shallow_copy` of ``model`` with `KEEP` of them):
+    its prefix, first layer, its second layer's nodes once for each of layers 1 to ``count - 1``, and
+    its suffix reading the last.  Parameters and buffers are ``model``'s own, in ``model``'s order.
+
+    Raises:
+        NotRepeatable: ``gm`` is not such a graph (`segments`), or its layers after the first are not
+            the same nodes (the message names the first that differs)."""
+    from monet.frontend import _canonical_order
+
+    kept = len(small.get_submodule(name))
+    if kept < 3 or count < kept:
+        raise NotRepeatable(f"{kept} layers of {name} exported for {count}: need at least 3, at most {count}")
+    seg = segments(gm, name, kept)
+    small_names = _names(small)
+    attr_name = {}  # gm's attribute -> small's qualified name
+    for attr, t in list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
+        if id(t) in small_names:
+            attr_name[attr] = small_names[id(t)]
+
+    def tensor_name(target: str) -> str:
+        if target not in attr_name:
+            raise NotRepeatable(f"the graph reads {target}, which is no parameter or buffer of the model")
+        return attr_name[target]
+
+    outer = set(seg.prefix)
+    template = _describe(seg.layers[1], seg.layers[0], outer, tensor_name, f"{name}.1")
+    for k in range(2, kept):
+        other = _describe(seg.layers[k], seg.layers[k - 1], outer, tensor_name, f"{name}.{k}")
+        if other != template:
+            diff = next((i for i, (a, b) in enumerate(zip(template, other)) if a != b), min(len(template), len(other)))
+            where = seg.layers[k][diff].name if diff < len(seg.layers[k]) else "its end"
+            raise NotRepeatable(f"layer {k} of {name} is not layer 1's nodes again (first difference at {where})")
+    last = {n: k for k, n in enumerate(seg.layers[-1])}
+    for n in seg.suffix:
+        for a in n.all_input_nodes:
+            if a not in outer and a not in last and a not in seg.suffix:
+                raise NotRepeatable(f"{n.name} after the layers reads {a.name} of a layer before the last")
+
+    model_tensors = dict(model.named_parameters(remove_duplicate=False))
+    model_tensors.update(model.named_buffers(remove_duplicate=False))
+    root = nn.Module()
+    used: dict[str, str] = {}  # flat attribute -> model's qualified name
+
+    def attr_of(qualified: str) -> str:
+        if qualified not in model_tensors:
+            raise NotRepeatable(f"the model has no parameter or buffer {qualified}")
+        flat = _flat(qualified)
+        if flat not in used:
+            used[flat] = qualified
+            t = model_tensors[qualified]
+            (root.register_parameter if isinstance(t, nn.Parameter) else root.register_buffer)(flat, t)
+        return flat
+
+    def in_layer(qualified: str, index: int | None) -> str:
+        """``qualified`` of the layer a copied node reads, as the same tensor of layer ``index``."""
+        if index is None or not qualified.startswith(name + "."):
+            return qualified  # the prefix's, the suffix's, or one the layers share
+        rest = qualified[len(name) + 1:].split(".", 1)[1]
+        return f"{name}.{index}.{rest}"
+
+    graph = fx.Graph()
+    with warnings.catch_warnings():  # torch 2.13's pytree warns of its own LeafSpec when copied
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        graph._codegen = copy.deepcopy(gm.graph._codegen)
+    env: dict[fx.Node, fx.Node] = {}
+
+    def copy_node(n: fx.Node, arg, index: int | None) -> fx.Node:
+        new = graph.node_copy(n, arg)
+        if n.op == "get_attr":
+            qualified = tensor_name(n.target)
+            new.target = attr_of(in_layer(qualified, index))
+        return new
+
+    for n in seg.prefix:
+        env[n] = copy_node(n, lambda a: env[a], None)
+    previous = []
+    for n in seg.layers[0]:
+        env[n] = copy_node(n, lambda a: env[a], 0)
+        previous.append(env[n])
+    source, before = seg.layers[1], {n: k for k, n in enumerate(seg.layers[0])}
+    for index in range(1, count):
+        local: dict[fx.Node, fx.Node] = {}
+
+        def arg(a, local=local, previous=previous):
+            if a in local:
+                return local[a]
+            return previous[before[a]] if a in before else env[a]
+
+        for n in source:
+            local[n] = copy_node(n, arg, index)
+        previous = [local[n] for n in source]
+    for n, k in last.items():
+        env[n] = previous[k]
+    for n in seg.suffix:
+        env[n] = copy_node(n, lambda a: env[a], None)
+    out = fx.GraphModule(root, graph)
+    out.meta.update(getattr(gm, "meta", {}))
+    _canonical_order(out, model)
+    return out
+
+
+def export_stack(model: nn.Module, inputs, progress=None):
+    """``monet.frontend.export(model, inputs)``, written from the export of a `KEEP`-layer copy
+    (`repeat_layers`) where ``model`` has a stack of at least `MIN_LAYERS` identical layers and its
+    graph repeats; else exported whole.  ``progress``: a callable taking one line for the log."""
+    from monet.frontend import export
+
+    found = repeated_layers(model)
+    if found is None:
+        return export(model, inputs)
+    name, count = found
+    t0 = time.perf_counter()
+    small = shallow_copy(model, name, KEEP)
+    try:
+        gm = repeat_layers(export(small, inputs), small, model, name, count)
+    except NotRepeatable as e:
+        if progress is not None:
+            progress(f"{name}: {e}; exporting all {count} layers")
+        return export(model, inputs)
+    if progress is not None:
+        progress(f"exported {KEEP} of the {count} layers of {name} and repeated the second "
+                 f"({time.perf_counter() - t0:.1f} s)")
+    return gm
+
+
+__all__ = ["KEEP", "MIN_LAYERS", "NotRepeatable", "Segments", "export_stack", "repeat_layers", "repeated_layers",
+           "segments", "shallow_copy"]
