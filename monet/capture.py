@@ -30,7 +30,7 @@ class _Captured(Exception):
 
 
 def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None = None, lm_loss=None,
-            log=None) -> OpGraph:
+            log=None, keep_copy: bool = False) -> OpGraph:
     """Trace ``model(*example_inputs)`` forward and backward and return its `OpGraph`.
 
     Args:
@@ -54,6 +54,8 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             in training.  A model without such a loss is captured as it is.
         log: a callable taking one line for the log (``Progress.log``), told how a deep stack of
             identical layers was exported (`monet.stack.export_stack`); None: nothing said.
+        keep_copy: keep the few-layer copy such a stack was exported from, for the costs to measure
+            on (`monet.stack.take_copy`), until `monet.stack.forget_copy`.
 
     Returns:
         The `OpGraph`, with ``joint`` set to the traced joint graph.
@@ -79,7 +81,7 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
         if autocast_dtype is not None and autocast != mixed_precision.normalize((device_type, autocast_dtype)):
             raise ValueError(f"torch.autocast does not run {autocast_dtype} on {device_type} "
                              f"(it runs {mixed_precision.describe(autocast)})")
-        gm = export_stack(model, inputs, log)
+        gm = export_stack(model, inputs, log, keep_copy)
         if lm_loss is not None:
             from monet.lm_loss import fuse_lm_loss
 

@@ -567,6 +567,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     from monet.profiling.shallow import describe_costing
     from monet.profiling.sources import solver_costs, variant_cost_fn
     from monet.solver.solve import eager_peak
+    from monet.stack import forget_copy
 
     own = not isinstance(progress, Progress)
     bar = Progress(bool(progress), phases=("capture", "costs")) if own else progress
@@ -595,7 +596,8 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         with bar.phase("capture"):
             t0 = time.perf_counter()
             bar.log(f"capturing {name} on {inputs.describe()} ...")
-            graph = capture(module, inputs, autocast_dtype=autocast_dtype, lm_loss=lm_loss, log=bar.log)
+            graph = capture(module, inputs, autocast_dtype=autocast_dtype, lm_loss=lm_loss, log=bar.log,
+                              keep_copy=cost != "analytic")
             capture_s = time.perf_counter() - t0
             bar.log(f"captured in {capture_s:.1f} s: {graph.describe()}")
         with bar.phase("costs"):
@@ -607,6 +609,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
                     f"plain PyTorch's simulated peak {eager / 2**20:.1f} MiB, operators "
                     f"{1e3 * costs.total_time:.1f} ms per iteration")
     finally:
+        forget_copy()  # the costs measured on it, or never will
         if own:
             bar.close()
     note = loss_outside_note(graph, eager)

@@ -24,6 +24,7 @@ import copy
 import re
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -289,29 +290,63 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
     return out
 
 
-def export_stack(model: nn.Module, inputs, progress=None):
+#: [(weakref to the deep model, the stack's name, the copy, its call key, its export)]: the copy the
+#: last `export_stack(keep_copy=True)` exported, until `take_copy` or `forget_copy`
+_KEPT: list = []
+
+
+def export_stack(model: nn.Module, inputs, log=None, keep_copy: bool = False):
     """``monet.frontend.export(model, inputs)``, written from the export of a `KEEP`-layer copy
     (`repeat_layers`) where ``model`` has a stack of at least `MIN_LAYERS` identical layers and its
-    graph repeats; else exported whole.  ``progress``: a callable taking one line for the log."""
-    from monet.frontend import export
+    graph repeats; else exported whole (``model`` is then exported as it is, or the export kept
+    for it is taken: `take_copy`).  ``log``: a callable taking one line for the log.
+    ``keep_copy``: keep the copy and its export for `take_copy` (the costs measure on that copy),
+    until `forget_copy`; it holds `KEEP` layers' parameters.
 
+    Raises:
+        monet.frontend.CaptureError: as `monet.frontend.export`."""
+    from monet import mixed_precision
+    from monet.frontend import export
+    from monet.inputs import call_key
+
+    key = call_key(inputs, mixed_precision.current(inputs.first.device.type))
+    if _KEPT and _KEPT[0][2] is model and _KEPT[0][3] == key and _KEPT[0][4] is not None:
+        gm, _KEPT[0] = _KEPT[0][4], _KEPT[0][:4] + (None,)  # taken once: a capture may rewrite it in place
+        return gm
     found = repeated_layers(model)
     if found is None:
         return export(model, inputs)
     name, count = found
     t0 = time.perf_counter()
     small = shallow_copy(model, name, KEEP)
+    small_gm = export(small, inputs)
     try:
-        gm = repeat_layers(export(small, inputs), small, model, name, count)
+        gm = repeat_layers(small_gm, small, model, name, count)
     except NotRepeatable as e:
-        if progress is not None:
-            progress(f"{name}: {e}; exporting all {count} layers")
+        if log is not None:
+            log(f"{name}: {e}; exporting all {count} layers")
         return export(model, inputs)
-    if progress is not None:
-        progress(f"exported {KEEP} of the {count} layers of {name} and repeated the second "
-                 f"({time.perf_counter() - t0:.1f} s)")
+    if log is not None:
+        log(f"exported {KEEP} of the {count} layers of {name} and repeated the second "
+            f"({time.perf_counter() - t0:.1f} s)")
+    if keep_copy:
+        _KEPT[:] = [(weakref.ref(model), name, small, key, small_gm)]
     return gm
 
 
-__all__ = ["KEEP", "MIN_LAYERS", "NotRepeatable", "Segments", "export_stack", "repeat_layers", "repeated_layers",
-           "segments", "shallow_copy"]
+def take_copy(model: nn.Module, name: str, keep: int) -> nn.Module | None:
+    """The `KEEP`-layer copy of ``model``'s stack ``name`` that `export_stack` kept (``keep_copy``),
+    if it kept one for this model with ``keep`` layers, else None.  Capturing it with the inputs
+    the model was captured with reuses its export (`export_stack`)."""
+    if _KEPT and _KEPT[0][0]() is model and _KEPT[0][1] == name and len(_KEPT[0][2].get_submodule(name)) == keep:
+        return _KEPT[0][2]
+    return None
+
+
+def forget_copy() -> None:
+    """Drop the copy `export_stack` kept (its parameters)."""
+    _KEPT.clear()
+
+
+__all__ = ["KEEP", "MIN_LAYERS", "NotRepeatable", "Segments", "export_stack", "forget_copy", "repeat_layers",
+           "repeated_layers", "segments", "shallow_copy", "take_copy"]

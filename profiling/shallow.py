@@ -103,7 +103,7 @@ def _make_stand_in(model: nn.Module, inputs, graph: OpGraph) -> Shallow | None:
         return None
     name, count = found
     try:
-        small = shallow_copy(model, name, SHALLOW_LAYERS)
+        small = stack.take_copy(model, name, SHALLOW_LAYERS) or shallow_copy(model, name, SHALLOW_LAYERS)
         dtype = None if graph.autocast is None else getattr(torch, mixed_precision.normalize(graph.autocast)[1])
         chunk = fused(graph.summary)
         small_graph = capture(small, inputs, autocast_dtype=dtype, lm_loss=None if chunk is None else chunk)

@@ -131,3 +131,23 @@ def test_a_transformers_gpt2_is_written_as_dynamo_exports_it(monkeypatch):
     written = capture(model, inputs, log=logged.append)
     assert "exported 4 of the 6 layers of transformer.h" in logged[0]
     assert written.fingerprint == whole.fingerprint and written.primal_sources == whole.primal_sources
+
+
+def test_the_copy_is_kept_for_the_costs_and_its_export_taken_once(monkeypatch):
+    import monet.frontend as frontend
+
+    model, x = _deep()
+    monkeypatch.setattr(stack, "MIN_LAYERS", 6)
+    capture(model, x)
+    assert stack.take_copy(model, "blocks", KEEP) is None  # not asked to keep it
+    capture(model, x, keep_copy=True)
+    small = stack.take_copy(model, "blocks", KEEP)
+    assert small is not None and len(small.blocks) == KEEP and stack.take_copy(model, "blocks", 3) is None
+    exports, real = [], frontend.export
+    monkeypatch.setattr(frontend, "export", lambda *a: exports.append(a) or real(*a))
+    first = capture(small, x)  # the costs' capture of the copy: its export is the one already made
+    assert exports == []
+    again = capture(small, x)  # taken once: a capture may rewrite an export in place
+    assert len(exports) == 1 and again.fingerprint == first.fingerprint
+    stack.forget_copy()
+    assert stack.take_copy(model, "blocks", KEEP) is None
