@@ -951,7 +951,7 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     allow_s = huge_allow_s(graph, mem, mode)
     if allow_s is not None:  # no cvxpy problem at this size: the smallest of the search's candidates
         peak, S, R = smallest_candidate(graph, mem, None, allow_s, peak_of, deadline=t0 + time_limit)
-        found = search(graph, mem, allow_s, np.zeros(len(graph.fwd)), None)
+        found = search(graph, mem, allow_s, np.zeros(len(graph.fwd)), None, deadline=t0 + time_limit)
         if found is not None and peak_of(found[0], found[1]) < peak:
             S, R = found[0], found[1]
             peak = peak_of(S, R)

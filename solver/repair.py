@@ -109,24 +109,36 @@ def repaired_candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recom
     return out
 
 
+#: a candidate with more recomputations than this many per forward node is not simulated (its ILP
+#: peak, an upper bound, stands): a 96-layer Llama's checkpoint sets that keep every k-th group and
+#: recompute the rest in every stage that reads it held up to 2.96 million recomputations (824 per
+#: node), whose simulation built an FX graph of that size and grew the process to 24 GB
+SIMULATED_RECOMPUTATIONS_PER_NODE = 64
+
+
 def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None, allow_s: np.ndarray,
                        peak_of=None, simulate_best: int = 4, deadline: float | None = None):
     """(peak bytes, S, R) of the repaired candidate with the smallest peak.
 
-    Candidates are ranked by the ILP's memory expression (cheap); the ``simulate_best`` best are
-    then measured with ``peak_of`` (the simulator) when it is given, the first always, the others
-    while ``deadline`` (a `time.perf_counter` value) allows: a simulation of GoogLeNet at batch
-    320 takes seconds, and eight of them made the smallest-budget search take 124 s of its 60.
+    Candidates are ranked by the ILP's memory expression (cheap), and among equal peaks by their
+    number of recomputations (the 96-layer Llama's smallest peak was reached by candidates with
+    52,297 and with 2,960,848 recomputations); the ``simulate_best`` best are then measured with
+    ``peak_of`` (the simulator) when it is given, the first always, the others while ``deadline``
+    (a `time.perf_counter` value) allows: a simulation of GoogLeNet at batch 320 takes seconds, and
+    eight of them made the smallest-budget search take 124 s of its 60.  A candidate with more
+    than `SIMULATED_RECOMPUTATIONS_PER_NODE` recomputations per forward node keeps its ILP peak
+    (an upper bound of the simulator's) instead of being simulated.
     """
-    ranked = sorted(repaired_candidates(graph, mem, frac_s, allow_s), key=lambda c: c[2])
+    ranked = sorted(repaired_candidates(graph, mem, frac_s, allow_s), key=lambda c: (c[2], int(c[1].sum())))
     if peak_of is None:
         S, R, peak, _ = ranked[0]
         return peak, S, R
+    most = SIMULATED_RECOMPUTATIONS_PER_NODE * max(1, len(graph.fwd))
     best = None
-    for k, (S, R, _, _) in enumerate(ranked[:simulate_best]):
+    for k, (S, R, ilp_peak, _) in enumerate(ranked[:simulate_best]):
         if k and deadline is not None and time.perf_counter() >= deadline:
             break
-        peak = peak_of(S, R)
+        peak = peak_of(S, R) if R.sum() <= most else ilp_peak
         if best is None or peak < best[0]:
             best = (peak, S, R)
     return best

@@ -259,3 +259,34 @@ def test_the_search_takes_what_the_ilps_over_count_hides(stack):
     same = _improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
                                        time.perf_counter() + 3, mem.peak)
     assert same[2] == cost and (same[0] == S).all()
+
+
+def test_the_smallest_candidate_prefers_fewer_recomputations_and_never_simulates_a_huge_one(monkeypatch):
+    """Among candidates of one ILP peak the one with fewer recomputations is simulated first, and one
+    with more than SIMULATED_RECOMPUTATIONS_PER_NODE per forward node keeps its ILP peak: simulating
+    a 96-layer Llama's candidate of 2.96 million recomputations grew its process to 24 GB."""
+    import types
+
+    import monet.solver.repair as repair
+
+    N = 10
+    graph = types.SimpleNamespace(fwd=list(range(N)))
+    huge = np.ones((N, N * (repair.SIMULATED_RECOMPUTATIONS_PER_NODE + 1)), dtype=bool)
+    lean = np.zeros((N, N), dtype=bool)
+    lean[0, :3] = True
+    cands = [(np.zeros((N, 1)), huge, 100.0, 0.0), (np.ones((N, 1)), lean, 100.0, 0.0), (np.ones((N, 1)), lean, 120.0, 0.0)]
+    monkeypatch.setattr(repair, "repaired_candidates", lambda *a, **k: list(cands))
+    simulated = []
+
+    def peak_of(S, R):
+        simulated.append(int(R.sum()))
+        return 90.0
+
+    peak, S, R = repair.smallest_candidate(graph, None, None, None, peak_of, simulate_best=2)
+    assert simulated == [3] and peak == 90.0 and R is lean  # the huge one (ILP peak 100) not simulated
+    cands[1] = (np.ones((N, 1)), lean, 101.0, 0.0)  # the huge one first: its ILP peak stands
+    simulated.clear()
+    peak, S, R = repair.smallest_candidate(graph, None, None, None, peak_of, simulate_best=2)
+    assert simulated == [3] and peak == 90.0 and R is lean
+    peak, S, R = repair.smallest_candidate(graph, None, None, None, peak_of, simulate_best=1)
+    assert peak == 100.0 and R is huge
