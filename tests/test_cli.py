@@ -50,7 +50,9 @@ def model_arg(workdir):
 
 
 def solve_args(model_arg, *extra):
-    return ["solve", model_arg, "--batch-size", "2", "--input-shape", "3,16,16", *extra]
+    # 10 s: the smallest-budget search on this small net ran to the default 60 s limit (51 s for
+    # this module's two solves); a later --time-limit in ``extra`` wins
+    return ["solve", model_arg, "--batch-size", "2", "--input-shape", "3,16,16", "--time-limit", "10", *extra]
 
 
 def run_main(argv):

@@ -159,8 +159,9 @@ def test_min_budget(setup):
     plain peak.  With this machine's workspace that can be so on other models too (a large
     temporary where the plain peak is): there it is asserted at most the plain peak.
     """
-    if os.environ.get("CI") and setup["name"] == "googlenet":
-        pytest.skip("GoogLeNet's smallest budget (39 s on 2 cores) runs without CI=true (CI's time budget)")
+    if os.environ.get("CI") and setup["name"] in ("googlenet", "resnet50"):
+        pytest.skip(f"{setup['name']}'s smallest budget (39 s on 2 cores) runs without CI=true (CI's time budget); "
+                    "CI runs MobileNetV2's, U-Net's, VGG-16's and GPT-2's")
     least = _least(setup)
     assert least <= setup["eager"]
     _check(setup, least)
