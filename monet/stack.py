@@ -242,12 +242,13 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
             (root.register_parameter if isinstance(t, nn.Parameter) else root.register_buffer)(flat, t)
         return flat
 
-    def in_layer(qualified: str, index: int | None) -> str:
-        """``qualified`` of the layer a copied node reads, as the same tensor of layer ``index``."""
-        if index is None or not qualified.startswith(name + "."):
+    def in_layer(qualified: str, source: int | None, index: int | None) -> str:
+        """``qualified``, read by a node copied from layer ``source`` into layer ``index``: a tensor
+        of layer ``source`` becomes the same tensor of layer ``index``; any other stays as it is."""
+        own = f"{name}.{source}."
+        if index is None or not qualified.startswith(own):
             return qualified  # the prefix's, the suffix's, or one the layers share
-        rest = qualified[len(name) + 1:].split(".", 1)[1]
-        return f"{name}.{index}.{rest}"
+        return f"{name}.{index}.{qualified[len(own):]}"
 
     graph = fx.Graph()
     with warnings.catch_warnings():  # torch 2.13's pytree warns of its own LeafSpec when copied
@@ -255,18 +256,17 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
         graph._codegen = copy.deepcopy(gm.graph._codegen)
     env: dict[fx.Node, fx.Node] = {}
 
-    def copy_node(n: fx.Node, arg, index: int | None) -> fx.Node:
+    def copy_node(n: fx.Node, arg, index: int | None, source: int | None = None) -> fx.Node:
         new = graph.node_copy(n, arg)
         if n.op == "get_attr":
-            qualified = tensor_name(n.target)
-            new.target = attr_of(in_layer(qualified, index))
+            new.target = attr_of(in_layer(tensor_name(n.target), source, index))
         return new
 
     for n in seg.prefix:
         env[n] = copy_node(n, lambda a: env[a], None)
     previous = []
     for n in seg.layers[0]:
-        env[n] = copy_node(n, lambda a: env[a], 0)
+        env[n] = copy_node(n, lambda a: env[a], 0, 0)
         previous.append(env[n])
     source, before = seg.layers[1], {n: k for k, n in enumerate(seg.layers[0])}
     for index in range(1, count):
@@ -278,12 +278,12 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
             return previous[before[a]] if a in before else env[a]
 
         for n in source:
-            local[n] = copy_node(n, arg, index)
+            local[n] = copy_node(n, arg, index, 1)
         previous = [local[n] for n in source]
     for n, k in last.items():
         env[n] = previous[k]
-    for n in seg.suffix:
-        env[n] = copy_node(n, lambda a: env[a], None)
+    for n in seg.suffix:  # a tensor of the copy's last layer is the deep model's last layer's
+        env[n] = copy_node(n, lambda a: env[a], count - 1, kept - 1)
     out = fx.GraphModule(root, graph)
     out.meta.update(getattr(gm, "meta", {}))
     _canonical_order(out, model)
