@@ -187,6 +187,9 @@ def test_full_mode_min_budget(setup):
     this narrow ResNet's normal-mode answer (4,848,728 bytes) beat full mode's (4,932,440), and
     GoogLeNet's did too (2,253,240 against 2,314,584).  `benchmarks/bench_solver.py` and BENCHMARKS.md
     compare the modes."""
+    if os.environ.get("CI") and setup["name"] == "unet":
+        pytest.skip("U-Net's full-mode smallest budget (23 s on 2 cores) runs without CI=true (CI's time budget); "
+                    "CI runs VGG-16's")
     _skip_large_in_ci(setup)
     least = _least(setup, FULL)
     assert least <= setup["eager"]

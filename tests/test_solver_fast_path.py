@@ -3,6 +3,8 @@ MONeT's formulation as written (`ilp.plain_solve`: no pruning, no start, CBC thr
 solved to optimality on small graphs, in normal and in full mode."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -137,7 +139,7 @@ def test_cbc_crash_or_hang_is_a_lost_solve_not_a_dead_process(monkeypatch, child
     assert out.solve_time_s < 30
 
 
-def test_relaxation_charges_every_recomputation_and_every_read(case):
+def test_relaxation_charges_every_recomputation_and_every_read(case, request):
     """The joint LP relaxation (full mode, a budget that forces recomputation) is a lower bound
     that cannot be bought with fractional implementation choices: each recomputed node costs at
     least its cheapest option's time times its R, and a value read under several options of one
@@ -148,6 +150,8 @@ def test_relaxation_charges_every_recomputation_and_every_read(case):
     import cvxpy as cp
 
     graph, costs, eager = case
+    if os.environ.get("CI") and request.node.callspec.params["case"] == "resnet":
+        pytest.skip("the ResNet's full-mode relaxation (44 s on 2 cores): run without CI=true (CI's 20-minute budget)")
     options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
     for budget in (0.6 * eager, 0.7 * eager, 0.8 * eager):  # the smallest the relaxation fits
         P = ilp.Problem(graph, mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
