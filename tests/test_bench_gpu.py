@@ -2,12 +2,12 @@
 CUDA where there is one)."""
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ci import not_in_ci
 import torch
 
 from monet.profiling.profiler import cache_path
@@ -79,8 +79,7 @@ def _check(work, profiles, out, device):
     return res
 
 
-@pytest.mark.skipif(bool(os.environ.get("CI")), reason="the GPU table's CPU path end to end (130 s on 2 cores): "
-                    "run without CI=true (CI's 20-minute budget); the GPU visit runs its CUDA path")
+@not_in_ci("the GPU table's CPU path end to end", 130, "the GPU visit runs its CUDA path")
 def test_cpu_path_end_to_end(tmp_path):
     work, profiles, out = _run(tmp_path, "cpu")
     res = _check(work, profiles, out, "cpu")

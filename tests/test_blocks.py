@@ -21,7 +21,7 @@ from monet.graph import node_signatures
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.simulate import schedule_peak
 from monet.schedule import schedule_from_matrices
-from monet.solver.blocks import Chain, crossing_bytes, find_chains
+from monet.solver.blocks import crossing_bytes, find_chains
 from monet.solver.ilp import allowed, search
 from monet.solver.repair import checkpointed
 from monet.solver.simulated import eager_peak, memory_model
@@ -200,28 +200,35 @@ def test_budget_min_stops_where_memory_gets_expensive():
     assert KNEE_PRICE > 0
 
 
+def _llama_per_block():
+    """A 4-layer transformers Llama (hidden 64, 2 x 64 tokens; analytic costs): its graph, costs,
+    memory model, simulator (``peak_of``), ``allow_s`` and per-block checkpointing's candidate."""
+    import depth  # benchmarks/ (on the path: tests/conftest.py)
+    from monet.frontend import training_inputs
+    from monet.inputs import ExampleInputs
+    from monet.solver.simulated import simulated_peak_fn
+
+    if "llama" not in _LLAMA:
+        model, inputs = depth.build("llama", 4, 64, 64, 2, 128)
+        graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))
+        costs = costs_for(graph, analytic_costs(graph))
+        mem = memory_model(graph, costs)
+        allow_s = allowed(graph, mem)[2]
+        per_block = next(c for c in Structure(graph, mem, costs.fwd_recompute, allow_s).uniform()
+                         if c.name == "blocks:recompute")
+        _LLAMA["llama"] = graph, costs, mem, simulated_peak_fn(graph, costs, mem), allow_s, per_block
+    return _LLAMA["llama"]
+
+
+_LLAMA: dict = {}
+
+
 def test_a_block_schedule_the_simulator_fits_is_taken_over_the_ilps_count():
     """The ILP's memory over-counts per-block checkpointing on a transformers Llama (values the
     executor frees sooner): at a budget between its ILP peak and its simulated one, the search
     given the simulator returns a schedule at least as cheap as per-block checkpointing whose
     simulated peak fits, and never dearer than the search without it."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import depth
-    from monet.frontend import training_inputs
-    from monet.inputs import ExampleInputs
-    from monet.solver.simulated import simulated_peak_fn
-
-    model, inputs = depth.build("llama", 4, 64, 64, 2, 128)
-    graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))
-    costs = costs_for(graph, analytic_costs(graph))
-    mem = memory_model(graph, costs)
-    peak_of = simulated_peak_fn(graph, costs, mem)
-    allow_s = allowed(graph, mem)[2]
-    per_block = next(c for c in Structure(graph, mem, costs.fwd_recompute, allow_s).uniform()
-                     if c.name == "blocks:recompute")
+    graph, costs, mem, peak_of, allow_s, per_block = _llama_per_block()
     simulated = peak_of(per_block.S, per_block.R)
     assert simulated < per_block.peak  # the ILP's count is above the simulator's
     budget = (simulated + per_block.peak) / 2
@@ -229,6 +236,26 @@ def test_a_block_schedule_the_simulator_fits_is_taken_over_the_ilps_count():
     assert cost <= per_block.cost + 1e-12 and peak_of(S, R) <= budget
     found = search(graph, mem, allow_s, costs.fwd_recompute, budget)  # the ILP's count alone
     assert found is None or cost <= found[2] + 1e-12
+
+
+def test_a_block_schedule_only_the_simulator_fits_is_returned_when_nothing_else_fits(monkeypatch):
+    """At a budget between per-block checkpointing's simulated peak and its ILP count, where no other
+    candidate fits the ILP's memory (the repaired candidates, the greedy and the window knapsack
+    find none), the search given the simulator returns a schedule the simulator fits, at most as
+    dear as per-block checkpointing, instead of nothing (a 96-layer Llama at transformers'
+    per-block peak then fell back to the smallest-budget schedule, +3,861 %)."""
+    import monet.solver.ilp as ilp
+
+    graph, costs, mem, peak_of, allow_s, per_block = _llama_per_block()
+    budget = (peak_of(per_block.S, per_block.R) + per_block.peak) / 2
+    monkeypatch.setattr(ilp, "repaired_candidates", lambda *a, **k: [])
+    monkeypatch.setattr(ilp, "drop_greedily", lambda *a, **k: None)
+    monkeypatch.setattr(ilp, "drop_windows", lambda *a, **k: None)
+    assert search(graph, mem, allow_s, costs.fwd_recompute, budget) is None  # the ILP's count alone
+    for deadline in (None, time.perf_counter() + 5):
+        S, R, cost, _ = search(graph, mem, allow_s, costs.fwd_recompute, budget, deadline=deadline, iterate=True,
+                               peak_of=peak_of)
+        assert peak_of(S, R) <= budget and cost <= per_block.cost + 1e-12
 
 
 def test_the_search_takes_what_the_ilps_over_count_hides(stack):

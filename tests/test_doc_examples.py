@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from ci import skip_in_ci
 import torch
 
 from doc_blocks import FILES, ROOT, fenced_blocks
@@ -50,9 +51,8 @@ def test_every_block_is_found():
 def test_block_runs(path, k, line, code, tmp_path_factory):
     if code.startswith("# needs: cuda") and not torch.cuda.is_available():
         pytest.skip("the block needs CUDA")
-    if os.environ.get("CI") and "Trainer(" in code:
-        pytest.skip("the Trainer example (50 s on 2 cores) runs without CI=true (CI's 20-minute budget); "
-                    "tests/test_trainer.py trains the wrapper in transformers' Trainer")
+    if "Trainer(" in code:
+        skip_in_ci("the Trainer example", 50, "tests/test_trainer.py trains the wrapper in transformers' Trainer")
     home = _DIRS.setdefault("home", tmp_path_factory.mktemp("home"))
     cwd = _DIRS.setdefault(path, tmp_path_factory.mktemp(path.stem))
     script = cwd / f"block_{k}.py"

@@ -27,9 +27,9 @@ test_full_mode_budget_fraction).
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
+from ci import IN_CI, skip_in_ci
 import torch
 
 from monet.capture import capture
@@ -56,7 +56,7 @@ TIME_LIMIT = 4  # seconds per solve: the best schedule found by then is used
 # default, is exercised by tests/test_cli.py and tests/test_wrapper.py.
 SOLVER = "HIGHS"
 # CI (CI=true, 20 minutes on 2 cores) solves at 50 % only
-FRACTIONS = (0.5,) if os.environ.get("CI") else (0.8, 0.5)
+FRACTIONS = (0.5,) if IN_CI else (0.8, 0.5)
 FULL = "inplace_conv_multiway_newnode"
 FULL_FRACTIONS = (0.8,)
 # Graphs whose joint ILP exceeds `solver.ilp.LARGE` variables: their full-mode cases take 1.5-2
@@ -66,8 +66,8 @@ LARGE_GRAPHS = {"resnet50", "googlenet", "mobilenet_v2", "gpt2-small"}
 
 
 def _skip_large_in_ci(setup):
-    if os.environ.get("CI") and setup["name"] in LARGE_GRAPHS:
-        pytest.skip("full mode on a large graph: run without CI=true (CI's 20-minute budget)")
+    if setup["name"] in LARGE_GRAPHS:
+        skip_in_ci("full mode on a large graph", covered="CI runs full mode on VGG-16 and U-Net")
 
 
 def make_input(name, shape):
@@ -159,9 +159,8 @@ def test_min_budget(setup):
     plain peak.  With this machine's workspace that can be so on other models too (a large
     temporary where the plain peak is): there it is asserted at most the plain peak.
     """
-    if os.environ.get("CI") and setup["name"] in ("googlenet", "resnet50"):
-        pytest.skip(f"{setup['name']}'s smallest budget (39 s on 2 cores) runs without CI=true (CI's time budget); "
-                    "CI runs MobileNetV2's, U-Net's, VGG-16's and GPT-2's")
+    if setup["name"] in ("googlenet", "resnet50"):
+        skip_in_ci(f"{setup['name']}'s smallest budget", 39, "CI runs MobileNetV2's, U-Net's, VGG-16's and GPT-2's")
     least = _least(setup)
     assert least <= setup["eager"]
     _check(setup, least)
@@ -187,9 +186,8 @@ def test_full_mode_min_budget(setup):
     this narrow ResNet's normal-mode answer (4,848,728 bytes) beat full mode's (4,932,440), and
     GoogLeNet's did too (2,253,240 against 2,314,584).  `benchmarks/bench_solver.py` and BENCHMARKS.md
     compare the modes."""
-    if os.environ.get("CI") and setup["name"] == "unet":
-        pytest.skip("U-Net's full-mode smallest budget (23 s on 2 cores) runs without CI=true (CI's time budget); "
-                    "CI runs VGG-16's")
+    if setup["name"] == "unet":
+        skip_in_ci("U-Net's full-mode smallest budget", 23, "CI runs VGG-16's")
     _skip_large_in_ci(setup)
     least = _least(setup, FULL)
     assert least <= setup["eager"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from ci import IN_CI, skip_in_ci
 import torch
 import torch.nn.functional as F
 
@@ -73,10 +74,10 @@ def _plan(name: str, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["normal", FULL])
 @pytest.mark.parametrize("name", NAMES)
 def test_reach(name, mode, tmp_path_factory):
-    if mode != "normal" and os.environ.get("CI") and not ALL and name not in FULL_IN_CI:
+    if mode != "normal" and IN_CI and not ALL and name not in FULL_IN_CI:
         pytest.skip("full mode on this model runs with MONET_REACH=all (CI's time budget)")
-    if os.environ.get("CI") and not ALL and name in SLOW_IN_CI:
-        pytest.skip("runs without CI=true (CI's time budget)")
+    if not ALL and name in SLOW_IN_CI:
+        skip_in_ci(f"{name}, one of the slowest models", covered="CI runs the others of its library")
     plan, model, target = _plan(name, tmp_path_factory)
     sol = plan.solve("50%", mode=mode, time_limit=TIME_LIMIT, if_infeasible="smallest", calibrate=CALIBRATE)
     meta = sol.meta

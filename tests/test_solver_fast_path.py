@@ -3,10 +3,10 @@ MONeT's formulation as written (`ilp.plain_solve`: no pruning, no start, CBC thr
 solved to optimality on small graphs, in normal and in full mode."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
+from ci import skip_in_ci
 import torch
 
 from monet.capture import capture
@@ -150,8 +150,8 @@ def test_relaxation_charges_every_recomputation_and_every_read(case, request):
     import cvxpy as cp
 
     graph, costs, eager = case
-    if os.environ.get("CI") and request.node.callspec.params["case"] == "resnet":
-        pytest.skip("the ResNet's full-mode relaxation (44 s on 2 cores): run without CI=true (CI's 20-minute budget)")
+    if request.node.callspec.params["case"] == "resnet":
+        skip_in_ci("the ResNet's full-mode relaxation", 44, "CI relaxes the other cases")
     options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
     for budget in (0.6 * eager, 0.7 * eager, 0.8 * eager):  # the smallest the relaxation fits
         P = ilp.Problem(graph, mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)

@@ -5,11 +5,10 @@ two micro-batches; the logged losses and the weights after every step equal plai
 bitwise (normal mode, fp32).  The recipe is docs/guide.md's ("Language models")."""
 from __future__ import annotations
 
-import copy
-import os
 import random
 
 import pytest
+from ci import skip_in_ci
 import torch
 
 from reach_models import missing
@@ -59,9 +58,8 @@ def _train(model, tmp_path, collator, bf16: bool, steps=4):
 def test_trainer_losses_and_weights_equal_plain_trainers(tmp_path, bf16):
     """fp32, and bf16 autocast on the CPU (the Trainer's ``bf16=True``; the schedule solved for it,
     ``autocast_dtype=torch.bfloat16``): recomputation only, so the same arithmetic either way."""
-    if bf16 and os.environ.get("CI"):
-        pytest.skip("bf16 (35 s on 2 cores) runs without CI=true (CI's 20-minute budget; "
-                    "tests/test_mixed_precision.py has bf16 autocast)")
+    if bf16:
+        skip_in_ci("bf16", 35, "tests/test_mixed_precision.py has bf16 autocast")
     import monet
     from transformers import DataCollatorForLanguageModeling
 

@@ -12,9 +12,9 @@ import copy
 import functools
 import json
 
-import os
 
 import pytest
+from ci import skip_in_ci
 import torch
 
 import monet.zoo.index as zoo_index
@@ -62,8 +62,8 @@ def test_shipped_entry_loads_matches_and_fits(name):
     """Loads with the restricted unpickler, was made for its zoo model's graph at its batch and
     input shape, and the simulator's peak of its schedule is within its budget (and equals the
     recorded prediction)."""
-    if os.environ.get("CI") and name.startswith("googlenet"):
-        pytest.skip("GoogLeNet's entry at batch 320 (24 s on 2 cores): run without CI=true (CI's 20-minute budget)")
+    if name.startswith("googlenet"):
+        skip_in_ci("GoogLeNet's entry at batch 320", 24, "CI verifies the other entries")
     r = zoo_index.entry(name)
     res = zb.verify(name, _graph(r["model"], r["batch_size"], tuple(r["input_shape"])))
     assert res["fits"], f"{name}: simulated peak {res['peak_bytes']} > budget {res['budget_bytes']}"
