@@ -3,6 +3,8 @@
     python benchmarks/depth.py --models gpt2 --layers 12,24 --out BENCHMARKS.md
     python benchmarks/depth.py --models gpt2,llama,bert --layers 12,24,48,96 --dtypes fp32,bf16 \\
         --out BENCHMARKS.md --csv benchmarks/results/depth.csv --plot docs/depth.png
+    python benchmarks/depth.py --from-csv benchmarks/results/depth-12.csv,benchmarks/results/depth-24.csv \
+        --plot docs/depth.png      # the plot of rows measured before
 
 For each model (transformers' GPT-2, Llama and BERT, built from a config in the process: no
 download), depth and dtype (fp32, or bf16 autocast on the CPU), one batch with labels (the loss in
@@ -268,13 +270,9 @@ def merged(rows: list[dict], csv: Path | None) -> list[dict]:
         raise SystemExit("--merge needs --csv: the file whose other configurations to keep")
     if not csv.exists():
         return rows
-    import pandas as pd
-
     ran = {(r["model"], int(r["layers"]), r["dtype"]) for r in rows}
-    old = pd.read_csv(csv).astype(object)
-    old = old.where(old.notna(), None)
-    kept = [{"measured": "an earlier run", **{k: v for k, v in r.items() if v is not None}}
-            for r in old.to_dict("records") if (r["model"], int(r["layers"]), r["dtype"]) not in ran]
+    kept = [{"measured": "an earlier run", **r} for r in from_csvs([csv])
+            if (r["model"], int(r["layers"]), r["dtype"]) not in ran]
     return kept + rows
 
 
@@ -338,29 +336,55 @@ def _earlier(rows: list[dict], started: str) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """Overhead (%) against peak (a fraction of plain PyTorch's), one panel per configuration: a
+    row of panels per model, a column per depth and dtype; monet's points are circles, the peers'
+    squares with their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = sorted({(r["model"], r["layers"], r["dtype"]) for r in rows})
-    fig, axes = plt.subplots(1, len(configs), figsize=(4.5 * len(configs), 4), squeeze=False)
-    for ax, key in zip(axes[0], configs):
-        sub = [r for r in rows if (r["model"], r["layers"], r["dtype"]) == key and "error" not in r]
-        base = next((r["peak"] for r in sub if r["method"] == "plain PyTorch"), None)
-        for r in sub:
-            monet = r["method"].startswith("monet")
-            ax.scatter(r["peak"] / base, 100 * r.get("overhead", 0.0), marker="o" if monet else "s",
-                       color="C0" if monet else "C1")
-            if not monet:
-                ax.annotate(r["method"].replace("transformers ", "tf "), (r["peak"] / base, 100 * r.get("overhead", 0.0)),
-                            fontsize=6)
-        ax.set_title(f"{key[0]} {key[1]} layers {key[2]}", fontsize=9)
-        ax.set_xlabel("peak / plain PyTorch's")
-        ax.set_ylabel("overhead %")
+    models = sorted({r["model"] for r in rows})
+    columns = sorted({(int(r["layers"]), r["dtype"]) for r in rows})
+    fig, axes = plt.subplots(len(models), len(columns), figsize=(3.6 * len(columns), 3.2 * len(models)),
+                             squeeze=False)
+    for i, model in enumerate(models):
+        for j, (layers, dtype) in enumerate(columns):
+            ax = axes[i][j]
+            sub = [r for r in rows if (r["model"], int(r["layers"]), r["dtype"]) == (model, layers, dtype)
+                   and "error" not in r and r.get("peak") is not None]
+            base = next((r["peak"] for r in sub if r["method"] == "plain PyTorch"), None)
+            ax.set_title(f"{model} {layers} layers {dtype}", fontsize=9)
+            if base is None:
+                ax.set_axis_off()
+                continue
+            for r in sub:
+                monet = r["method"].startswith("monet")
+                x, y = r["peak"] / base, 100 * (r.get("overhead") or 0.0)
+                ax.scatter(x, y, marker="o" if monet else "s", s=18, color="C0" if monet else "C1")
+                if not monet:
+                    ax.annotate(r["method"].replace("transformers ", "tf ").replace(" (torchtitan)", ""), (x, y),
+                                fontsize=6)
+            ax.set_xlabel("peak / plain PyTorch's", fontsize=8)
+            ax.set_ylabel("overhead %", fontsize=8)
+            ax.tick_params(labelsize=7)
+    fig.suptitle("monet (circles: 50 %, min, at each peer's peak) and the peers (squares): overhead against the "
+                 "measured peak", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+
+
+def from_csvs(paths: list[Path]) -> list[dict]:
+    """The rows of CSV files written by ``--csv`` (empty cells dropped)."""
+    import pandas as pd
+
+    out = []
+    for path in paths:
+        df = pd.read_csv(path).astype(object)
+        df = df.where(df.notna(), None)
+        out += [{k: v for k, v in r.items() if v is not None} for r in df.to_dict("records")]
+    return out
 
 
 def main(argv=None) -> int:
@@ -388,10 +412,17 @@ def main(argv=None) -> int:
                    "(model, layers, dtype) not run now, and write the section from all of them (each row's "
                    "'measured' column says when it was)")
     p.add_argument("--plot", type=Path, default=None, help="overhead against peak, one panel per configuration")
+    p.add_argument("--from-csv", default=None, help="comma-separated CSV files written by --csv: measure nothing, "
+                   "only --plot their rows")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one configuration as JSON
     args = p.parse_args(argv)
     if args.one:
         one(json.loads(args.one))  # its rows are printed as they are made
+        return 0
+    if args.from_csv:
+        if args.plot is None:
+            raise SystemExit("--from-csv needs --plot: the image to draw the rows in")
+        plot(from_csvs([Path(x) for x in args.from_csv.split(",")]), args.plot)
         return 0
     import datetime as dt
     import shlex
