@@ -290,9 +290,22 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
     return out
 
 
-#: [(weakref to the deep model, the stack's name, the copy, its call key, its export)]: the copy the
-#: last `export_stack(keep_copy=True)` exported, until `take_copy` or `forget_copy`
-_KEPT: list = []
+@dataclass
+class _Kept:
+    """The copy the last `export_stack(keep_copy=True)` exported: ``model`` a weak reference to the
+    deep model, ``name`` its stack's, ``copy`` the `KEEP`-layer copy, ``key`` the call key
+    (`monet.frontend.call_key`) it was exported for, ``export`` its export until taken (None
+    after)."""
+
+    model: weakref.ref
+    name: str
+    copy: nn.Module
+    key: object
+    export: object
+
+
+#: the kept copy (at most one), until `take_copy` or `forget_copy`
+_KEPT: list[_Kept] = []
 
 
 def export_stack(model: nn.Module, inputs, log=None, keep_copy: bool = False):
@@ -310,8 +323,9 @@ def export_stack(model: nn.Module, inputs, log=None, keep_copy: bool = False):
     from monet.inputs import call_key
 
     key = call_key(inputs, mixed_precision.current(inputs.first.device.type))
-    if _KEPT and _KEPT[0][2] is model and _KEPT[0][3] == key and _KEPT[0][4] is not None:
-        gm, _KEPT[0] = _KEPT[0][4], _KEPT[0][:4] + (None,)  # taken once: a capture may rewrite it in place
+    kept = _KEPT[0] if _KEPT else None
+    if kept is not None and kept.copy is model and kept.key == key and kept.export is not None:
+        gm, kept.export = kept.export, None  # taken once: a capture may rewrite it in place
         return gm
     found = repeated_layers(model)
     if found is None:
@@ -330,7 +344,7 @@ def export_stack(model: nn.Module, inputs, log=None, keep_copy: bool = False):
         log(f"exported {KEEP} of the {count} layers of {name} and repeated the second "
             f"({time.perf_counter() - t0:.1f} s)")
     if keep_copy:
-        _KEPT[:] = [(weakref.ref(model), name, small, key, small_gm)]
+        _KEPT[:] = [_Kept(weakref.ref(model), name, small, key, small_gm)]
     return gm
 
 
@@ -338,8 +352,9 @@ def take_copy(model: nn.Module, name: str, keep: int) -> nn.Module | None:
     """The `KEEP`-layer copy of ``model``'s stack ``name`` that `export_stack` kept (``keep_copy``),
     if it kept one for this model with ``keep`` layers, else None.  Capturing it with the inputs
     the model was captured with reuses its export (`export_stack`)."""
-    if _KEPT and _KEPT[0][0]() is model and _KEPT[0][1] == name and len(_KEPT[0][2].get_submodule(name)) == keep:
-        return _KEPT[0][2]
+    kept = _KEPT[0] if _KEPT else None
+    if kept is not None and kept.model() is model and kept.name == name and len(kept.copy.get_submodule(name)) == keep:
+        return kept.copy
     return None
 
 
