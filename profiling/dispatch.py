@@ -8,7 +8,8 @@ sequence 9.0 ms, plain PyTorch 9.0 ms, the executor keeping everything 10.0 ms),
 that left it out was 10-14 points under the measured overhead (+15 % against +26-30 %).
 
 `measure_iterations` times, once per graph and device, the executor with the schedule that keeps
-everything (``K``, seconds) interleaved with plain PyTorch (``P``).  The CPU cost sources
+everything (``K``, seconds) interleaved with plain PyTorch (``P``), ``K`` as ``P`` times the median of
+their ratio within a turn (`paired_medians`).  The CPU cost sources
 (`monet.profiling.sources`) then spread ``K - T`` (``T``: the operators' summed times) evenly over
 the ``n`` forward and backward nodes, ``max(0, (K - T) / n)`` seconds each, so that a schedule's
 predicted time includes the executor's own and each recomputed node pays its share again (where
@@ -119,7 +120,6 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     """
     from monet.inputs import ExampleInputs
     from monet.models import input_info
-    from monet.profiling.check import interleaved_medians, training_step
     from monet.profiling.costs import costs_for
     from monet.solver.chen import solve_chen
     from monet.solver.deadline import Deadline
@@ -134,8 +134,10 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     chen = timed_executor(model, chen_solution, graph)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
         repeats = warm_up((keep, chen), model, inputs, repeats, warmup)
-        k, p = interleaved_medians(lambda: training_step(keep, inputs), lambda: training_step(model, inputs),
-                                   repeats, 1, "cpu")
+        # paired: K is P times the median of K / P over the turns (`paired_medians`); K - P is a few
+        # per cent of an iteration, and two medians taken apart moved it by 5-10 points of P between
+        # three costings of a 12-layer GPT-2 in a row (predicted overheads 6-8 points off)
+        k, p = paired_medians((keep, model), inputs, repeats, rounds=1, reference=1)
         m, k2 = median_round(chen, keep, inputs, repeats)
     return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
                 chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,

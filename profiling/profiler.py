@@ -50,6 +50,7 @@ from monet.profiling.memory import measure_peak
 __all__ = [
     "calibrated_rows",
     "profile_costs",
+    "pooled_medians",
     "load_or_profile",
     "save_costs",
     "load_costs",
@@ -270,6 +271,7 @@ class ProfilingInterpreter(fx.Interpreter):
         self.source = source
         self.in_context = in_context
         self.rows: dict[tuple[str, int], dict] = {}
+        self.signatures: dict[tuple[str, int], object] = {}  # (kind, id) -> op signature
 
     def run_node(self, n: fx.Node) -> Any:
         node = self.main.get(n.name)
@@ -288,6 +290,7 @@ class ProfilingInterpreter(fx.Interpreter):
             result = call()
             self.timer.sync()
             key = op_signature(n)
+            self.signatures[(node.kind, node.id)] = key
             if key in self.measured:  # the same kernel on the same shapes: measured once (a layer's twin)
                 workspace, seconds = self.measured[key]
                 self.reused += 1
@@ -305,6 +308,20 @@ class ProfilingInterpreter(fx.Interpreter):
             recompute_s=seconds, workspace_bytes=workspace, flops=0, bytes_moved=0, source=self.source)
         self.pbar.update(1)
         return result
+
+
+def pooled_medians(times: dict, signatures: dict) -> dict:
+    """The median seconds of each op signature (`monet.graph.op_signature`) over every call of every
+    node that has it: ``times`` maps (kind, id) to that node's timed calls in an iteration's
+    sequence (`ContextTimer`), ``signatures`` (kind, id) to its signature.  The nodes of one
+    signature are the same kernel on the same shapes (a layer's twins, which `ProfilingInterpreter`
+    measures once): pooled, a 12-layer transformer's operator is the median of 36 calls, not of 3.
+    Taken node by node, the recomputation of one 12-layer GPT-2 schedule read 13.4 to 16.3 % of
+    the operators' sum in three costings in a row."""
+    pooled: dict = {}
+    for key, sig in signatures.items():
+        pooled.setdefault(sig, []).extend(times[key])
+    return {sig: float(statistics.median(samples)) for sig, samples in pooled.items()}
 
 
 class ContextTimer(fx.Interpreter):
@@ -399,8 +416,9 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
             for i in range(warmup + repeats):
                 ContextTimer(run, dev, interp.main, times if i >= warmup else {}).run(
                     *args, enable_io_processing=False)
+            pooled = pooled_medians(times, interp.signatures)
             for key, row in interp.rows.items():
-                row["time_s"] = row["recompute_s"] = float(statistics.median(times[key]))
+                row["time_s"] = row["recompute_s"] = pooled[interp.signatures[key]]
         del args
     by_name = {n.name: n for n in graph.joint.graph.nodes}
     rows = []

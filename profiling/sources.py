@@ -9,6 +9,7 @@
   than within 2 % of the measured one.
 * ``hybrid``: each operator's workspace (bytes) from a quick profile on the device (`QUICK`: the
   median of 3 runs after 1 warm-up; on the CPU each run is an iteration's sequence of operators,
+  and the nodes of one op signature share the median of all their calls, `profiler.pooled_medians`,
   `monet.profiling.profiler.ContextTimer`; cached apart from full profiles, `quick_dir`), so
   the budget holds at the allocator.  Times: on a GPU the roofline's (analytic); on the CPU the
   quick profile's, since the roofline does not rank CPU kernels (BENCHMARKS.md's real-model table

@@ -240,6 +240,9 @@ def test_plan_calibrates_measured_cpu_costs_only(plan, budget, monkeypatch):
     assert timed == []
     calibrating = copy.copy(plan)
     calibrating.calibrates = True
+    # whether the timing fits the limit counts the capture's measured seconds (twice: the timed
+    # wrappers trace the model); a busy machine's capture is slower: the test must not depend on it
+    calibrating.capture_s = 0.0
     sol = calibrating.solve(budget, time_limit=10)
     assert len(timed) in (1, 2) and "+calibrated x" in sol.meta.cost_source  # 2: solved again, timed again
     n = len(timed)

@@ -362,3 +362,27 @@ def test_profile_costs_cuda(tiny):
     # the model stays where it was
     assert all(p.device.type == "cpu" for p in model.parameters())
     costs_for(graph, table)
+
+
+def test_in_context_times_are_pooled_over_a_signatures_nodes():
+    """Timed in an iteration's sequence, the nodes of one op signature (a layer's twins) share one
+    time, the median of every call of all of them (`pooled_medians`); nodes of other signatures
+    keep their own."""
+    from monet.graph import op_signature
+    from monet.profiling.profiler import pooled_medians
+
+    assert pooled_medians({("fwd", 0): [1.0, 5.0, 2.0], ("fwd", 1): [3.0, 4.0, 9.0], ("bwd", 0): [7.0]},
+                          {("fwd", 0): "a", ("fwd", 1): "a", ("bwd", 0): "b"}) == {"a": 3.5, "b": 7.0}
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+    x = torch.randn(32, 16)
+    graph = capture(model, x)
+    table = profile_costs(model, x, graph, "cpu", repeats=3, warmup=1, progress=False, in_context=True)
+    by_name = {n.name: n for n in graph.joint.graph.nodes}
+    times = table.set_index(["kind", "node"])["time_s"]
+    groups: dict = {}
+    for node in list(graph.fwd) + list(graph.bwd):
+        groups.setdefault(op_signature(by_name[node.name]), []).append(times[(node.kind, node.id)])
+    twins = [ts for ts in groups.values() if len(ts) > 1]
+    assert twins and all(len(set(ts)) == 1 for ts in twins)  # the two tanh layers, their linears
+    assert (table["time_s"] > 0).all()
