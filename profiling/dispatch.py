@@ -134,9 +134,10 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     chen = timed_executor(model, chen_solution, graph)
     with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
         repeats = warm_up((keep, chen), model, inputs, repeats, warmup)
-        # paired: K is P times the median of K / P over the turns (`paired_medians`); K - P is a few
-        # per cent of an iteration, and two medians taken apart moved it by 5-10 points of P between
-        # three costings of a 12-layer GPT-2 in a row (predicted overheads 6-8 points off)
+        # paired, as the calibration sets a schedule against plain PyTorch (`paired_medians`): K is
+        # P times the median of K / P over the turns.  On the shared 2-core VMs neither estimate is
+        # steady: K / P read 1.00-1.09 over three costings of a 12-layer GPT-2 either way, and one
+        # 24-layer GPT-2 costing read 1.205 from its 5 pairs (BENCHMARKS.md, "24 layers")
         k, p = paired_medians((keep, model), inputs, repeats, rounds=1, reference=1)
         m, k2 = median_round(chen, keep, inputs, repeats)
     return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,

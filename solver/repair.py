@@ -124,9 +124,10 @@ def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | No
     number of recomputations (the 96-layer Llama's smallest peak was reached by candidates with
     52,297 and with 2,960,848 recomputations); the ``simulate_best`` best are then measured with
     ``peak_of`` (the simulator) when it is given, the first always, the others while ``deadline``
-    (a `time.perf_counter` value) allows (and the candidates are built while it allows, one at
-    least: on a 96-layer Llama they took 100 s past a 60 s limit): a simulation of GoogLeNet at batch 320 takes seconds, and
-    eight of them made the smallest-budget search take 124 s of its 60.  A candidate with more
+    (a `time.perf_counter` value) allows: a simulation of GoogLeNet at batch 320 takes seconds, and
+    eight of them made the smallest-budget search take 124 s of its 60.  The candidates themselves
+    are built while the deadline allows (one at least): on a 96-layer Llama they took 100 s past a
+    60 s limit.  A candidate with more
     than `SIMULATED_RECOMPUTATIONS_PER_NODE` recomputations per forward node keeps its ILP peak
     (an upper bound of the simulator's) instead of being simulated.
     """

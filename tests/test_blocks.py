@@ -9,6 +9,7 @@ must cost no more recomputation (analytic costs: the same on every machine).
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -200,6 +201,7 @@ def test_budget_min_stops_where_memory_gets_expensive():
     assert KNEE_PRICE > 0
 
 
+@functools.cache
 def _llama_per_block():
     """A 4-layer transformers Llama (hidden 64, 2 x 64 tokens; analytic costs): its graph, costs,
     memory model, simulator (``peak_of``), ``allow_s`` and per-block checkpointing's candidate."""
@@ -208,19 +210,14 @@ def _llama_per_block():
     from monet.inputs import ExampleInputs
     from monet.solver.simulated import simulated_peak_fn
 
-    if "llama" not in _LLAMA:
-        model, inputs = depth.build("llama", 4, 64, 64, 2, 128)
-        graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))
-        costs = costs_for(graph, analytic_costs(graph))
-        mem = memory_model(graph, costs)
-        allow_s = allowed(graph, mem)[2]
-        per_block = next(c for c in Structure(graph, mem, costs.fwd_recompute, allow_s).uniform()
-                         if c.name == "blocks:recompute")
-        _LLAMA["llama"] = graph, costs, mem, simulated_peak_fn(graph, costs, mem), allow_s, per_block
-    return _LLAMA["llama"]
-
-
-_LLAMA: dict = {}
+    model, inputs = depth.build("llama", 4, 64, 64, 2, 128)
+    graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))
+    costs = costs_for(graph, analytic_costs(graph))
+    mem = memory_model(graph, costs)
+    allow_s = allowed(graph, mem)[2]
+    per_block = next(c for c in Structure(graph, mem, costs.fwd_recompute, allow_s).uniform()
+                     if c.name == "blocks:recompute")
+    return graph, costs, mem, simulated_peak_fn(graph, costs, mem), allow_s, per_block
 
 
 def test_a_block_schedule_the_simulator_fits_is_taken_over_the_ilps_count():
