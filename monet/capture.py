@@ -14,12 +14,25 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from monet import mixed_precision
+from monet import compat, mixed_precision
 from monet.frontend import (CaptureError, describe_export_failure, kinds_by_name, primal_kinds,
                             primal_sources, trace, training_inputs)
 from monet.graph import OpGraph, build_opgraph
+from monet.impls.dropout import match_eager_dropout
 from monet.inputs import ExampleInputs, call_key
 from monet.stack import export_stack
+
+
+def opgraph_of(joint: torch.fx.GraphModule, num_fwd_outputs: int, sources: dict, autocast) -> OpGraph:
+    """The `OpGraph` of the joint graph AOTAutograd traced (at a capture, and again at the wrapper's
+    first training call): its dropout's backward scale made eager's first
+    (`monet.impls.dropout.match_eager_dropout`), its inputs' kinds and sources from ``sources``
+    (`monet.frontend.primal_sources`), under the autocast setting ``autocast``
+    (`monet.mixed_precision`)."""
+    match_eager_dropout(joint)
+    graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, primal_kinds(sources)), autocast=autocast)
+    graph.primal_sources = sources
+    return graph
 
 
 class _Captured(Exception):
@@ -88,11 +101,10 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             fuse_lm_loss(gm, None if lm_loss == "chunked" else int(lm_loss))
         sources = primal_sources(gm, model, inputs)
         try:
-            trace(gm, partition)(*inputs.args, **inputs.kwargs)
+            with compat.eager_backward_autocast():
+                trace(gm, partition)(*inputs.args, **inputs.kwargs)
         except _Captured as c:
-            graph = build_opgraph(c.joint, c.num_fwd_outputs, kinds_by_name(c.joint, primal_kinds(sources)),
-                                  autocast=autocast)
-            graph.primal_sources = sources
+            graph = opgraph_of(c.joint, c.num_fwd_outputs, sources, autocast)
             graph.exported = (call_key(inputs, autocast), gm)
             if not graph.bwd:
                 raise ValueError("the model's output does not require a gradient: nothing to train")

@@ -70,6 +70,20 @@ def aot_module(gm: torch.nn.Module, partition_fn, fw_compiler=None, bw_compiler=
                        bw_compiler=bw_compiler or make_boxed_compiler(nop), partition_fn=partition_fn)
 
 
+def eager_backward_autocast():
+    """A context in which AOTAutograd traces the backward pass without autocast, as eager autograd
+    runs it when ``loss.backward()`` is called outside ``torch.autocast`` (PyTorch's AMP recipe;
+    ``transformers.Trainer`` and accelerate do so): ``torch._functorch.config.backward_pass_autocast
+    = "off"``.  Its default, ``"same_as_forward"``, traces the backward under the forward's autocast,
+    so the backward of an op autocast left in fp32 (the matmuls of a CPU attention computed in fp32
+    with dropout) runs in bf16 in the graph and in fp32 in eager PyTorch: other gradients.  The
+    setting exists in 2.11-2.15; where it does not, a null context."""
+    config = torch._functorch.config
+    if not hasattr(config, "backward_pass_autocast"):
+        return contextlib.nullcontext()
+    return config.patch(backward_pass_autocast="off")
+
+
 def boxed_function(fn):
     """``functorch.compile.make_boxed_func(fn)``: ``fn`` with AOTAutograd's boxed calling convention
     (one list argument, which the callee may clear).  Unchanged in 2.11-2.15."""
@@ -240,6 +254,14 @@ def fake_mode():
     from torch._subclasses import FakeTensorMode
 
     return FakeTensorMode()
+
+
+def real_tensors():
+    """A context in which new tensors are real, also inside a FakeTensorMode (AOTAutograd's trace):
+    ``torch._subclasses.fake_tensor.unset_fake_temporarily()`` (2.11-2.15)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
 
 
 # ----------------------------------------------------------------------------------------------

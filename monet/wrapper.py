@@ -8,9 +8,10 @@ import torch
 import torch.nn as nn
 
 from monet.executor import RUNTIME, build_modules
-from monet.frontend import (ShardedModelError, fsdp_refusal, kinds_by_name, primal_kinds,
-                            primal_sources, rebind, trace, training_inputs, cache_owner)
-from monet.graph import build_opgraph, portable_summary
+from monet.capture import opgraph_of
+from monet.frontend import (ShardedModelError, fsdp_refusal, primal_sources, rebind, trace, training_inputs,
+                            cache_owner)
+from monet.graph import portable_summary
 from monet import compat, mixed_precision
 from monet.inputs import ExampleInputs, call_key
 from monet.stack import export_stack
@@ -83,7 +84,8 @@ class ScheduledModule(nn.Module):
         if traced is not None:
             return traced(*inputs.args, **inputs.kwargs)
         traced = self._trace(inputs, autocast, key)
-        out = traced(*inputs.args, **inputs.kwargs)
+        with compat.eager_backward_autocast():  # the first call traces
+            out = traced(*inputs.args, **inputs.kwargs)
         if len(self._traces) >= MAX_TRACES:  # e.g. an epoch's last, smaller batch: kept, the next epoch needs it
             self._traces.pop(next(iter(self._traces)))
         self._traces[key] = traced
@@ -99,9 +101,7 @@ class ScheduledModule(nn.Module):
         holder = self.monet_compiled
 
         def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
-            graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, primal_kinds(sources)),
-                                  autocast=autocast)
-            graph.primal_sources = sources
+            graph = opgraph_of(joint, num_fwd_outputs, sources, autocast)
             if self._check is not None:
                 self._check(graph)
             schedule = self._make_schedule(graph)

@@ -157,6 +157,56 @@ def test_schedule_under_autocast_matches_plain_autocast(setup):
              _steps(MONeTWrapper(copy.deepcopy(model), sol, SHAPE), x, y, bwd_in_autocast=True))
 
 
+class AttentionNet(torch.nn.Module):
+    """A transformer layer's bf16 autocast hazards: dropout on a bf16 activation, attention with a
+    mask and dropout (on the CPU computed in fp32 by the math kernel), an fp32 region autocast is
+    switched off in (a router or an fp32 head, as MoE and LM code write them).  (B, T, 16) -> (B, 5)."""
+
+    def __init__(self, d=16, classes=5):
+        super().__init__()
+        self.qkv, self.proj, self.router = (torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d),
+                                            torch.nn.Linear(d, d))
+        self.drop, self.head = torch.nn.Dropout(0.1), torch.nn.Linear(d, classes)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (u.view(b, t, 2, d // 2).transpose(1, 2) for u in self.qkv(x).split(d, -1))
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1 if self.training else 0.0)
+        h = self.drop(self.proj(a.transpose(1, 2).reshape(b, t, d)))  # a bf16 dropout
+        with torch.autocast("cpu", enabled=False):
+            h = self.router(h.float())  # fp32
+        return self.head(h.mean(1))
+
+
+def test_attention_and_dropout_under_autocast_match_plain_autocast():
+    """Gradients bitwise those of plain bf16 autocast PyTorch (backward outside autocast) where the
+    traced graph would otherwise differ from eager: the CPU dropout's backward scale in bf16
+    (`monet.impls.dropout.match_eager_dropout`) and the backward of ops autocast left in fp32
+    (`monet.compat.eager_backward_autocast`)."""
+    from monet.impls.dropout import eager_scale
+
+    torch.manual_seed(0)
+    model, x, y = AttentionNet(), torch.randn(4, 12, 16), torch.randint(0, 5, (4,))
+    g = capture(model, x, autocast_dtype=torch.bfloat16)
+    scales = {(n.args[0].meta["val"].dtype, n.args[2]) for n in g.joint.graph.nodes
+              if n.target is torch.ops.aten.native_dropout_backward.default}
+    assert scales == {(torch.bfloat16, eager_scale(0.1, torch.bfloat16)), (torch.float32, 1 / 0.9)}
+    torch.manual_seed(0)
+    noise = F.dropout(torch.ones(64, dtype=torch.bfloat16), 0.1)  # eager: its kept elements' factor
+    assert set(noise.unique().tolist()) == {0.0, eager_scale(0.1, torch.bfloat16)} and eager_scale(0.1, torch.bfloat16) != 1 / 0.9
+    by_name = {n.name: n for n in g.joint.graph.nodes}
+    matmuls = {by_name[n.name].meta["val"].dtype for n in g.bwd if n.op in ("aten.mm.default", "aten.bmm.default")}
+    assert matmuls == {torch.bfloat16, torch.float32}  # the fp32 ops' backward matmuls stay fp32, as in eager
+    costs = costs_for(g, analytic_costs(g))
+    sol = solve(g, costs, int(0.8 * eager_peak(g, costs)), "normal", time_limit=3,
+                info=dict(INFO, model="AttentionNet", input_shape=(12, 16)))
+    assert sol.schedule.recompute_count() > 0
+    plain = _steps(copy.deepcopy(model), x, y)
+    _bitwise(plain, _steps(copy.deepcopy(model), x, y))  # plain autocast: bitwise from run to run
+    _bitwise(plain, _steps(MONeTWrapper(copy.deepcopy(model), sol, (12, 16)), x, y))
+
+
 def test_other_arithmetic_within_bf16_precision(setup):
     """An implementation that rounds differently (output-activated BatchNorm rebuilds its input from
     its bf16 output) cannot be bitwise: its gradients must agree with plain autocast's within one

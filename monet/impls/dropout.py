@@ -1,5 +1,11 @@
-"""Dropout that keeps a 1-bit mask instead of a bool (1-byte) mask."""
+"""Dropout in a captured graph: its backward scale as eager PyTorch rounds it, and an
+implementation that keeps a 1-bit mask instead of a bool (1-byte) mask."""
+import operator
+
 import torch
+from torch import fx
+
+from monet import compat
 
 from .bits import pack_bits, unpack_bits
 
@@ -28,6 +34,48 @@ def dropout_bitmask_backward(grad: torch.Tensor, packed: torch.Tensor, scale: fl
     aten.native_dropout_backward (bitwise equal)."""
     mask = unpack_bits(packed, grad.shape)
     return grad * mask * scale
+
+
+def eager_scale(p: float, dtype: torch.dtype) -> float:
+    """The factor eager PyTorch's dropout multiplies kept elements and their gradients by on the CPU,
+    for drop probability ``p`` and a tensor of ``dtype``: 1 / (1 - p) rounded to ``dtype``.
+
+    On the CPU, ``F.dropout`` is not the fused ``aten.native_dropout`` (only CUDA and XPU take it,
+    ``is_fused_kernel_acceptable`` in ATen's Dropout.cpp): it draws a ``noise`` tensor of the
+    input's dtype, divides it by 1 - p in place and multiplies, so the backward is ``grad * noise``.
+    A traced graph holds ``aten.native_dropout`` (torch._decomp's ``dropout``) and its backward
+    ``grad * mask * scale``, with ``scale`` a double that the kernel keeps in fp32.  The same mask
+    and forward values either way; in bf16 the gradients differ (1/0.9 is 1.109375 in bf16, not
+    1.1111112), in fp32 and fp64 they agree."""
+    with compat.real_tensors():  # called inside AOTAutograd's trace: a real tensor
+        return torch.ones(8, dtype=dtype).div_(1 - p)[0].item()
+
+
+def match_eager_dropout(joint: fx.GraphModule) -> int:
+    """Give each ``aten.native_dropout_backward`` of a CPU tensor in ``joint`` (the joint graph
+    AOTAutograd traced) the scale eager PyTorch's dropout uses (`eager_scale`), so that the
+    captured graph's gradients are eager's bit for bit in bf16 and fp16 too.  CUDA's dropout is
+    the fused kernel the graph holds, and fp32 agrees already: both left as they are.  Returns the number of nodes changed."""
+    changed = 0
+    for node in joint.graph.nodes:
+        if node.target is not aten.native_dropout_backward.default:
+            continue
+        grad, mask, scale = node.args[:3]
+        val = grad.meta.get("val") if isinstance(grad, fx.Node) else None
+        fwd = mask.args[0] if isinstance(mask, fx.Node) and mask.target is operator.getitem else None
+        if (val is None or val.device.type != "cpu" or val.dtype not in (torch.bfloat16, torch.float16)
+                or getattr(fwd, "target", None) is not aten.native_dropout.default):
+            continue  # fp32 and fp64: the kernel's fp32 scale is eager's already (graphs unchanged)
+        p = float(fwd.args[1])
+        if not 0 < p < 1:
+            continue
+        rounded = eager_scale(p, val.dtype)
+        if rounded != scale:
+            node.args = (grad, mask, rounded, *node.args[3:])
+            changed += 1
+    if changed:
+        joint.recompile()
+    return changed
 
 
 # ----------------------------------------------------------------------------------------------
