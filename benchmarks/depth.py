@@ -144,20 +144,19 @@ def peers(model, wanted=None):
         del module  # one peer's copy alive at a time
 
 
-def gradients(module, inputs, autocast, base=None):
-    """The parameter gradients of one training step of ``module`` (seed 0), by the parameter names
-    of ``base``, the transformers model inside it (default ``module`` itself)."""
+def gradients(module, inputs, amp, base=None):
+    """The parameter gradients of one training step of ``module`` (seed 0; the forward pass under
+    the autocast setting ``amp``), by the parameter names of ``base``, the transformers model
+    inside it (default ``module`` itself)."""
     import torch
 
-    from monet.profiling.check import loss_of
+    from monet.profiling.check import training_step
 
     base = module if base is None else base
     for p in base.parameters():
         p.grad = None
     torch.manual_seed(0)
-    with autocast():
-        out = inputs.call(module)
-    loss_of(out).backward()
+    training_step(module, inputs, autocast=amp)
     return {n: p.grad.detach().clone() for n, p in base.named_parameters() if p.grad is not None}
 
 
@@ -173,7 +172,6 @@ def grad_cell(a: dict, b: dict) -> str:
 
 def one(cfg: dict) -> list[dict]:
     """The rows of one configuration (run in this process)."""
-    import contextlib
 
     import torch
 
@@ -186,15 +184,17 @@ def one(cfg: dict) -> list[dict]:
     model, raw = build(cfg["model"], cfg["layers"], cfg["hidden"], cfg["seq"], cfg["batch"], cfg["vocab"])
     inputs = ExampleInputs.of(raw)
     bf16 = cfg["dtype"] == "bf16"
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    # each iteration's forward pass under its own autocast context, the backward outside it (the AMP
+    # recipe, `monet.profiling.check.training_step`): one context around all of them kept autocast's
+    # bf16 weight copies from the warm-up, and the peers' peaks missed them (17:28's rows, 19 MiB low)
+    amp = ("cpu", "bfloat16") if bf16 else None
     plain = model
     rows = []
 
     def measure(name, module, extra, base):
-        with autocast():
-            peak = step_peak(module, inputs)
-            ovh = step_overhead(plain, module, inputs, repeats=cfg["repeats"], warmup=1)[0]
-        grads = gradients(module, inputs, autocast, base)
+        peak = step_peak(module, inputs, autocast=amp)
+        ovh = step_overhead(plain, module, inputs, repeats=cfg["repeats"], warmup=1, autocast=amp)[0]
+        grads = gradients(module, inputs, amp, base)
         row = dict(cfg, method=name, peak=int(peak), overhead=ovh, grads=grad_cell(grads, reference), **extra)
         report(row)
         return row
@@ -204,9 +204,8 @@ def one(cfg: dict) -> list[dict]:
         print(json.dumps(row), flush=True)
         rows.append(row)
 
-    with autocast():
-        plain_peak = step_peak(plain, inputs)
-    reference = gradients(plain, inputs, autocast)
+    plain_peak = step_peak(plain, inputs, autocast=amp)
+    reference = gradients(plain, inputs, amp)
     report(dict(cfg, method="plain PyTorch", peak=int(plain_peak), overhead=0.0, grads="reference"))
     targets = []
     wanted = cfg.get("peers")

@@ -31,7 +31,6 @@ from typing import Callable
 import numpy as np
 import torch.nn as nn
 
-from monet import mixed_precision
 from monet.profiling.costs import CostArrays
 
 #: the ratio is clipped to [RATIO_MIN, RATIO_MAX]; where it is within RATIO_TOLERANCE of 1 the
@@ -190,16 +189,17 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
 
     inputs = ExampleInputs.of(inputs)
     scheduled = timed_executor(model, solution, graph)
-    with restored(model), mixed_precision.context(graph.autocast):
+    amp = graph.autocast  # each forward pass under it (`monet.profiling.check.training_step`)
+    with restored(model):
         t0 = time.perf_counter()
-        turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP)
+        turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP, amp)
         repeats = max(MIN_TURNS, turns) if repeats is None else turns
         if deadline is not None:  # a turn is three iterations: about the warm-up's per iteration, thrice
             turn_s = 3 * (time.perf_counter() - t0) / (3 * WARMUP + 1)
             repeats = min(repeats, int(deadline.left() / (FACTOR_ROUNDS * max(turn_s, 1e-6))))
             if repeats < MIN_TURNS:
                 return None
-        return paired_medians((scheduled, keep, model), inputs, repeats, reference=2)
+        return paired_medians((scheduled, keep, model), inputs, repeats, reference=2, autocast=amp)
 
 
 def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solution,

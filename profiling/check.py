@@ -303,34 +303,46 @@ def loss_of(output) -> torch.Tensor:
     raise TypeError(f"no loss in the model's output ({type(output).__name__}): nothing to call backward on")
 
 
-def training_step(model: nn.Module, inputs, loss_fn=loss_of) -> None:
+def training_step(model: nn.Module, inputs, loss_fn=loss_of, autocast=None) -> None:
     """One iteration: parameter gradients set to None, ``loss_fn(model(*inputs)).backward()``, no
-    optimizer step; ``inputs`` an `monet.inputs.ExampleInputs`."""
+    optimizer step; ``inputs`` an `monet.inputs.ExampleInputs`.
+
+    ``autocast`` (a `monet.mixed_precision` setting, None: none): the forward pass runs under it
+    and the backward pass outside it, as PyTorch's AMP recipe and ``transformers.Trainer`` run
+    them.  One context per iteration matters: autocast caches the 16-bit copies of the weights
+    until its outermost context exits, so iterations run inside one context held around them all
+    reuse the first iteration's copies: they are neither allocated (an eager model's peak
+    measured that way misses them, 19 MiB of a 12-layer Llama's 38 MiB of fp32 weights) nor cast
+    again (its time misses the casts)."""
     for p in model.parameters():
         p.grad = None
-    loss_fn(inputs.call(model)).backward()
+    loss_fn(_forward(model, inputs, autocast)).backward()
 
 
 def step_overhead(plain: nn.Module, candidate: nn.Module, inputs, repeats: int = 5, warmup: int = 1,
-                  loss_fn=loss_of) -> tuple[float, float, float]:
+                  loss_fn=loss_of, autocast=None) -> tuple[float, float, float]:
     """`overhead` for a model called with any inputs (``inputs`` as `monet.inputs.ExampleInputs.of`
     takes them) and trained from ``loss_fn`` of its output: (overhead fraction, median candidate
-    time s, median plain time s), `training_step` of each timed in turn (`paired_overhead`)."""
+    time s, median plain time s), `training_step` of each timed in turn (`paired_overhead`), each
+    forward pass under ``autocast`` (`training_step`)."""
     from monet.inputs import ExampleInputs
 
     inputs = ExampleInputs.of(inputs)
-    return paired_overhead(lambda: training_step(candidate, inputs, loss_fn),
-                           lambda: training_step(plain, inputs, loss_fn), repeats, warmup, inputs.first.device)
+    return paired_overhead(lambda: training_step(candidate, inputs, loss_fn, autocast),
+                           lambda: training_step(plain, inputs, loss_fn, autocast), repeats, warmup,
+                           inputs.first.device)
 
 
-def step_peak(model: nn.Module, inputs, loss_fn=loss_of) -> int:
+def step_peak(model: nn.Module, inputs, loss_fn=loss_of, autocast=None) -> int:
     """Peak bytes of one training iteration ``loss_fn(model(*inputs)).backward()`` after one
     warm-up iteration, parameter gradients None at the start (docs/design.md, "Measuring"); ``inputs``
-    as `monet.inputs.ExampleInputs.of` takes them."""
+    as `monet.inputs.ExampleInputs.of` takes them; the forward pass under ``autocast``, the
+    backward outside it (`training_step`: not inside a context held around both iterations, whose
+    cached 16-bit weights the measured iteration would not allocate)."""
     inputs, _ = _inputs(inputs)
 
     def step():
-        out = inputs.call(model)  # held during the backward pass, as a training loop holds it
+        out = _forward(model, inputs, autocast)  # held during the backward pass, as a training loop holds it
         loss_fn(out).backward()
 
     return _iteration_memory(model, inputs, step).peak_bytes

@@ -32,7 +32,6 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from monet import mixed_precision
 from monet.graph import OpGraph
 from monet.terms import MonetWarning
 
@@ -132,33 +131,36 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     keep = keep_all(model, inputs, graph, table)
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
     chen = timed_executor(model, chen_solution, graph)
-    with restored(model), mixed_precision.context(graph.autocast):  # as the graph was captured
-        repeats = warm_up((keep, chen), model, inputs, repeats, warmup)
+    amp = graph.autocast  # each forward pass under it, as the graph was captured (`check.training_step`)
+    with restored(model):
+        repeats = warm_up((keep, chen), model, inputs, repeats, warmup, amp)
         # paired, as the calibration sets a schedule against plain PyTorch (`paired_medians`): K is
         # P times the median of K / P over the turns.  On the shared 2-core VMs neither estimate is
         # steady: K / P read 1.00-1.09 over three costings of a 12-layer GPT-2 either way, and one
         # 24-layer GPT-2 costing read 1.205 from its 5 pairs (BENCHMARKS.md, "24 layers")
-        k, p = paired_medians((keep, model), inputs, repeats, rounds=1, reference=1)
-        m, k2 = median_round(chen, keep, inputs, repeats)
+        k, p = paired_medians((keep, model), inputs, repeats, rounds=1, reference=1, autocast=amp)
+        m, k2 = median_round(chen, keep, inputs, repeats, autocast=amp)
     return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
                 chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,
                 chen_recomputations=chen_solution.schedule.recompute_count())
 
 
-def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None) -> tuple[float, float]:
+def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None,
+                 autocast=None) -> tuple[float, float]:
     """``(M, K)``: median seconds of a training iteration of ``module`` (a schedule) and of ``keep``
     (the executor keeping everything), interleaved on the CPU in ``rounds`` rounds of ``repeats``
     iterations each (one discarded per side first; None: `FACTOR_ROUNDS`); the round with the
-    median ``M - K`` is returned.  The caller warms them up and holds `restored` and the autocast
-    context."""
+    median ``M - K`` is returned; each forward pass under ``autocast`` (`check.training_step`).  The
+    caller warms them up and holds `restored`."""
     from monet.profiling.check import interleaved_medians_of, training_step
 
-    steps = [lambda m=m: training_step(m, inputs) for m in (module, keep)]
+    steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in (module, keep)]
     timed = [interleaved_medians_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
     return sorted(timed, key=lambda t: t[0] - t[1])[len(timed) // 2]
 
 
-def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, reference: int = 0) -> tuple[float, ...]:
+def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, reference: int = 0,
+                   autocast=None) -> tuple[float, ...]:
     """Seconds of a training iteration of each of ``modules``, interleaved on the CPU in ``rounds``
     rounds of ``repeats`` turns each (one discarded per side first; None: `FACTOR_ROUNDS`), as
     paired estimates: ``modules[reference]``'s median iteration ``R`` over every turn, and for each
@@ -166,11 +168,11 @@ def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, ref
     that turn.  A ratio within one turn does not see the machine's speed drifting between turns:
     for timm's ViT-Tiny (150 ms iterations, about 7 turns a round) the median round of `median_round`
     put one schedule at +9 % to +17 % over plain PyTorch in six measurements in a row, these paired
-    ratios at +10 % to +13 %.  The caller warms them up and holds `restored` and the autocast
-    context."""
+    ratios at +10 % to +13 %.  Each forward pass under ``autocast`` (`check.training_step`).  The
+    caller warms them up and holds `restored`."""
     from monet.profiling.check import interleaved_times_of, paired_ratio, training_step
 
-    steps = [lambda m=m: training_step(m, inputs) for m in modules]
+    steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in modules]
     turns = [interleaved_times_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
     times = np.concatenate([np.asarray(t, dtype=float) for t in turns], axis=1)  # (modules, turns)
     ref = times[reference]
@@ -178,19 +180,20 @@ def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, ref
     return tuple(median_ref if i == reference else median_ref * paired_ratio(t, ref) for i, t in enumerate(times))
 
 
-def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int) -> int:
+def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int, autocast=None) -> int:
     """Run ``warmup`` training iterations of each of ``modules`` (the executor's first traces the
-    model); return ``repeats``, or where None the timed iterations per side that take about
-    `TARGET_S` seconds of ``reference``'s iteration (from `REPEATS` to `MAX_REPEATS`)."""
+    model), each forward pass under ``autocast`` (`check.training_step`); return ``repeats``, or
+    where None the timed iterations per side that take about `TARGET_S` seconds of
+    ``reference``'s iteration (from `REPEATS` to `MAX_REPEATS`)."""
     from monet.profiling.check import training_step
 
     for _ in range(warmup):
         for m in modules:
-            training_step(m, inputs)
+            training_step(m, inputs, autocast=autocast)
     if repeats is not None:
         return repeats
     t0 = time.perf_counter()
-    training_step(reference, inputs)
+    training_step(reference, inputs, autocast=autocast)
     return max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(time.perf_counter() - t0, 1e-6))))
 
 
@@ -231,10 +234,11 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
     inputs = ExampleInputs.of(inputs)
     variant = keep_all(model, inputs, variant_graph, variant_table)
     base = keep_all(model, inputs, graph, table) if base is None else base
-    with restored(model), mixed_precision.context(graph.autocast):
-        repeats = warm_up((variant, base), base, inputs, repeats, warmup)
-        return interleaved_medians(lambda: training_step(variant, inputs), lambda: training_step(base, inputs),
-                                   repeats, 0, "cpu")
+    amp = graph.autocast
+    with restored(model):
+        repeats = warm_up((variant, base), base, inputs, repeats, warmup, amp)
+        return interleaved_medians(lambda: training_step(variant, inputs, autocast=amp),
+                                   lambda: training_step(base, inputs, autocast=amp), repeats, 0, "cpu")
 
 
 def recompute_factor(measured: dict, between_s: float, scale: float = 1.0) -> float:

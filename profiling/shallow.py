@@ -154,16 +154,16 @@ def plain_iteration_s(model: nn.Module, inputs, autocast=None, repeats: int = PL
                       warmup: int = PLAIN_WARMUP) -> float:
     """Median seconds of plain PyTorch's training iteration of ``model`` on the CPU
     (`monet.profiling.check.training_step`, ``warmup`` discarded, ``repeats`` timed:
-    `monet.profiling.check.interleaved_times_of`), under ``autocast``; ``model`` is left as it was
-    (`monet.profiling.dispatch.restored`)."""
-    from monet import mixed_precision
+    `monet.profiling.check.interleaved_times_of`), each forward pass under ``autocast``; ``model``
+    is left as it was (`monet.profiling.dispatch.restored`)."""
     from monet.inputs import ExampleInputs
     from monet.profiling.check import interleaved_times_of, training_step
     from monet.profiling.dispatch import restored
 
     inputs = ExampleInputs.of(inputs)
-    with restored(model), mixed_precision.context(autocast):
-        (times,) = interleaved_times_of([lambda: training_step(model, inputs)], repeats, warmup, "cpu")
+    with restored(model):
+        (times,) = interleaved_times_of([lambda: training_step(model, inputs, autocast=autocast)], repeats,
+                                        warmup, "cpu")
     return float(statistics.median(times))
 
 

@@ -308,7 +308,7 @@ def test_measure_schedule_times_at_least_min_turns(plan, budget, monkeypatch):
     sol = _solve(plan, plan.costs, budget)
     keep = keep_all(plan.module, plan.inputs, plan.graph, plan.costs)
     asked = []
-    monkeypatch.setattr(dispatch, "warm_up", lambda modules, ref, inputs, repeats, warmup: repeats or 5)
+    monkeypatch.setattr(dispatch, "warm_up", lambda modules, ref, inputs, repeats, warmup, autocast=None: repeats or 5)
     monkeypatch.setattr(dispatch, "paired_medians", lambda modules, inputs, repeats, **k: asked.append(repeats) or (1, 1, 1))
     measure_schedule(plan.module, plan.inputs, plan.graph, sol, keep)
     measure_schedule(plan.module, plan.inputs, plan.graph, sol, keep, repeats=2)

@@ -207,6 +207,44 @@ def test_attention_and_dropout_under_autocast_match_plain_autocast():
     _bitwise(plain, _steps(MONeTWrapper(copy.deepcopy(model), sol, (12, 16)), x, y))
 
 
+def test_measured_iterations_cast_the_weights_each_time():
+    """`check.step_peak` and `check.step_overhead` under autocast run each forward pass in an
+    autocast context of its own and the backward pass outside it (the AMP recipe): every
+    iteration casts the fp32 weights to bf16 again, so the copies, which ``Linear`` saves for the
+    backward pass, are allocated (and timed) in the measured iteration.  In one context held
+    around all iterations autocast cached the warm-up's copies, and an eager peer's measured peak
+    missed them (19 MiB of a 12-layer Llama's)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from monet.profiling.check import step_overhead, step_peak
+
+    class WeightCasts(TorchDispatchMode):
+        def __init__(self, shapes):
+            super().__init__()
+            self.shapes, self.count = shapes, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") is torch.bfloat16
+                    and tuple(args[0].shape) in self.shapes):
+                self.count += 1
+            return func(*args, **kwargs)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False), torch.nn.Linear(48, 32, bias=False))
+    x = torch.randn(2, 64)
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    in_backward = []
+    for p in model.parameters():
+        p.register_hook(lambda g: in_backward.append(torch.is_autocast_enabled("cpu")))
+    with WeightCasts(shapes) as casts:
+        step_peak(model, x, autocast=BF16)  # a warm-up iteration and the measured one
+    assert casts.count == 2 * len(shapes) and in_backward and not any(in_backward)
+    with WeightCasts(shapes) as casts:
+        step_overhead(model, model, x, repeats=2, warmup=1, autocast=BF16)
+    assert casts.count == 2 * (1 + 2) * len(shapes)  # both sides, one warm-up and two timed each
+
+
 def test_other_arithmetic_within_bf16_precision(setup):
     """An implementation that rounds differently (output-activated BatchNorm rebuilds its input from
     its bf16 output) cannot be bitwise: its gradients must agree with plain autocast's within one
