@@ -111,3 +111,14 @@ def test_write_section_replaces_in_place_and_appends(tmp_path):
     assert md.read_text().endswith("## Two\n\nkept\n\n## Three\n\nthird\n")
     write_section(tmp_path / "new.md", "## Only\n\ntext", "## Only")
     assert (tmp_path / "new.md").read_text() == "## Only\n\ntext\n"
+
+
+def test_write_section_of_a_subsection_keeps_its_siblings(tmp_path):
+    """A ``###`` section ends at the next ``###`` or ``##`` heading (not inside a code block): its
+    sibling subsections stay (the depth benchmark's ``--section '### 12 layers, bf16 autocast'``
+    once replaced the 24-, 48- and 96-layer sections after it)."""
+    md = tmp_path / "B.md"
+    md.write_text("## Deep\n\nintro\n\n### 12\n\nold\n\n```\n# a comment\n```\n\n#### 12 detail\n\nx\n\n"
+                  "### 24\n\nkept\n\n## Next\n\nkept too\n")
+    write_section(md, "### 12\n\nnew", "### 12")
+    assert md.read_text() == "## Deep\n\nintro\n\n### 12\n\nnew\n\n### 24\n\nkept\n\n## Next\n\nkept too\n"
