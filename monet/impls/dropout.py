@@ -55,7 +55,8 @@ def match_eager_dropout(joint: fx.GraphModule) -> int:
     """Give each ``aten.native_dropout_backward`` of a CPU tensor in ``joint`` (the joint graph
     AOTAutograd traced) the scale eager PyTorch's dropout uses (`eager_scale`), so that the
     captured graph's gradients are eager's bit for bit in bf16 and fp16 too.  CUDA's dropout is
-    the fused kernel the graph holds, and fp32 agrees already: both left as they are.  Returns the number of nodes changed."""
+    the fused kernel the graph holds, and fp32 agrees already: both left as they are.  Returns
+    the number of nodes changed."""
     changed = 0
     for node in joint.graph.nodes:
         if node.target is not aten.native_dropout_backward.default:
