@@ -93,10 +93,11 @@ def restored(model: nn.Module):
 
 def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame,
                        repeats: int | None = None, warmup: int = WARMUP) -> dict:
-    """Median seconds of training iterations on the CPU: MONeT's executor keeping everything
-    (``K``) interleaved with plain PyTorch (``P``), then Chen's sqrt(n) schedule (``M``,
-    `monet.solver.chen`) interleaved with the executor keeping everything again (``K2``), in
-    `FACTOR_ROUNDS` rounds of which the one with the median ``M - K2`` is returned.  An
+    """Median seconds of training iterations on the CPU: Chen's sqrt(n) schedule (``M``,
+    `monet.solver.chen`), MONeT's executor keeping everything and plain PyTorch, interleaved in
+    `FACTOR_ROUNDS` rounds (`timed_rounds`).  ``K`` (keeping everything) and ``P`` (plain) are
+    paired estimates over the turns of every round (`paired_estimates`); ``M`` and ``K2`` (keeping
+    everything) are the medians of the round with the median ``M - K2`` (`median_of_rounds`).  An
     iteration is forward, `monet.profiling.check.loss_of` of the output, backward
     (`check.training_step`), under the autocast setting ``graph`` was captured with.  ``model`` is
     left as it was (`restored`).
@@ -134,50 +135,63 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     amp = graph.autocast  # each forward pass under it, as the graph was captured (`check.training_step`)
     with restored(model):
         repeats = warm_up((keep, chen), model, inputs, repeats, warmup, amp)
-        # paired, as the calibration sets a schedule against plain PyTorch (`paired_medians`): K is
-        # P times the median of K / P over the turns.  On the shared 2-core VMs neither estimate is
-        # steady: K / P read 1.00-1.09 over three costings of a 12-layer GPT-2 either way, and one
-        # 24-layer GPT-2 costing read 1.205 from its 5 pairs (BENCHMARKS.md, "24 layers")
-        k, p = paired_medians((keep, model), inputs, repeats, rounds=1, reference=1, autocast=amp)
-        m, k2 = median_round(chen, keep, inputs, repeats, autocast=amp)
+        # one set of rounds for both: Chen's schedule, the executor keeping everything, plain PyTorch
+        rounds = timed_rounds((chen, keep, model), inputs, repeats, autocast=amp)
+        # K paired with P, as the calibration sets a schedule against plain PyTorch (`paired_medians`):
+        # P times the median of K / P over the turns of every round.  From one round of its own (5
+        # pairs where an iteration takes a second) one 24-layer GPT-2 costing read K / P 1.205 where
+        # +1 % to +7 % is usual, and every prediction of that costing was 12 to 25 points over
+        # (BENCHMARKS.md, "24 layers"); the rounds of Chen's schedule give three times the pairs
+        # for one plain iteration more per turn
+        k, p = paired_estimates(np.concatenate(rounds, axis=1)[1:], reference=1)
+        m, k2 = median_of_rounds([r[:2] for r in rounds])
     return dict(executor_iteration_s=k, plain_iteration_s=p, chen_iteration_s=m, chen_executor_s=k2,
                 chen_recompute_s=chen_solution.meta.objective_s - costs.total_time,
                 chen_recomputations=chen_solution.schedule.recompute_count())
 
 
-def median_round(module: nn.Module, keep: nn.Module, inputs, repeats: int, rounds: int | None = None,
-                 autocast=None) -> tuple[float, float]:
-    """``(M, K)``: median seconds of a training iteration of ``module`` (a schedule) and of ``keep``
-    (the executor keeping everything), interleaved on the CPU in ``rounds`` rounds of ``repeats``
-    iterations each (one discarded per side first; None: `FACTOR_ROUNDS`); the round with the
-    median ``M - K`` is returned; each forward pass under ``autocast`` (`check.training_step`).  The
-    caller warms them up and holds `restored`."""
-    from monet.profiling.check import interleaved_medians_of, training_step
+def timed_rounds(modules, inputs, repeats: int, rounds: int | None = None, autocast=None) -> list[np.ndarray]:
+    """Seconds of training iterations of each of ``modules``, interleaved on the CPU in ``rounds``
+    rounds (None: `FACTOR_ROUNDS`) of ``repeats`` turns each, one discarded per side first: one
+    ``(len(modules), repeats)`` array per round, column i from turn i.  Each forward pass under
+    ``autocast`` (`check.training_step`).  The caller warms them up and holds `restored`."""
+    from monet.profiling.check import interleaved_times_of, training_step
 
-    steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in (module, keep)]
-    timed = [interleaved_medians_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
-    return sorted(timed, key=lambda t: t[0] - t[1])[len(timed) // 2]
+    steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in modules]
+    return [np.asarray(interleaved_times_of(steps, repeats, 1, "cpu"), dtype=float)
+            for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
+
+
+def median_of_rounds(rounds: list[np.ndarray]) -> tuple[float, float]:
+    """``(M, K)``: the median seconds of the two rows (a schedule, the executor keeping
+    everything) of the round (`timed_rounds`) with the median ``M - K``."""
+    medians = [(float(np.median(r[0])), float(np.median(r[1]))) for r in rounds]
+    return sorted(medians, key=lambda t: t[0] - t[1])[len(medians) // 2]
+
+
+def paired_estimates(times: np.ndarray, reference: int = 0) -> tuple[float, ...]:
+    """Paired estimates from ``times`` (modules, turns), seconds: row ``reference``'s median ``R``
+    and, for each other row, ``R`` times the median over the turns of its time over the
+    reference's in the same turn (`check.paired_ratio`)."""
+    from monet.profiling.check import paired_ratio
+
+    ref = times[reference]
+    median_ref = float(np.median(ref))
+    return tuple(median_ref if i == reference else median_ref * paired_ratio(t, ref) for i, t in enumerate(times))
 
 
 def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, reference: int = 0,
                    autocast=None) -> tuple[float, ...]:
     """Seconds of a training iteration of each of ``modules``, interleaved on the CPU in ``rounds``
-    rounds of ``repeats`` turns each (one discarded per side first; None: `FACTOR_ROUNDS`), as
-    paired estimates: ``modules[reference]``'s median iteration ``R`` over every turn, and for each
-    other module ``R`` times the median, over every turn, of its iteration over the reference's in
-    that turn.  A ratio within one turn does not see the machine's speed drifting between turns:
-    for timm's ViT-Tiny (150 ms iterations, about 7 turns a round) the median round of `median_round`
-    put one schedule at +9 % to +17 % over plain PyTorch in six measurements in a row, these paired
-    ratios at +10 % to +13 %.  Each forward pass under ``autocast`` (`check.training_step`).  The
-    caller warms them up and holds `restored`."""
-    from monet.profiling.check import interleaved_times_of, paired_ratio, training_step
-
-    steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in modules]
-    turns = [interleaved_times_of(steps, repeats, 1, "cpu") for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
-    times = np.concatenate([np.asarray(t, dtype=float) for t in turns], axis=1)  # (modules, turns)
-    ref = times[reference]
-    median_ref = float(np.median(ref))
-    return tuple(median_ref if i == reference else median_ref * paired_ratio(t, ref) for i, t in enumerate(times))
+    rounds of ``repeats`` turns each (`timed_rounds`), as paired estimates
+    (`paired_estimates`): ``modules[reference]``'s median iteration ``R`` over every turn, and for
+    each other module ``R`` times the median, over every turn, of its iteration over the
+    reference's in that turn.  A ratio within one turn does not see the machine's speed drifting
+    between turns: for timm's ViT-Tiny (150 ms iterations, about 7 turns a round) the median round
+    of `median_of_rounds` put one schedule at +9 % to +17 % over plain PyTorch in six measurements in a
+    row, these paired ratios at +10 % to +13 %.  The caller warms them up and holds `restored`."""
+    turns = timed_rounds(modules, inputs, repeats, rounds, autocast)
+    return paired_estimates(np.concatenate(turns, axis=1), reference)
 
 
 def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int, autocast=None) -> int:
@@ -343,5 +357,5 @@ FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "o
           "recompute_factor")
 
 __all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
-           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_round", "paired_medians", "warm_up",
+           "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_of_rounds", "paired_estimates", "paired_medians", "timed_rounds", "warm_up",
            "measure_variant", "restored", "write_record"]

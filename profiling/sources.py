@@ -143,13 +143,14 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    # ".v4": the records before the operator scale (v2) and the recompute factor lack them, and those
-    # of one round of Chen's schedule (v3) are measured again
-    record_path = path.with_suffix(".iterations.v4.json")
+    # ".v5": the records before the operator scale (v2) and the recompute factor lack them, those of
+    # one round of Chen's schedule (v3) are measured again, and so are deep stacks' records that
+    # carried the executor's tax as a sum (v4, `carried_record`)
+    record_path = path.with_suffix(".iterations.v5.json")
     shallow = None if record_path.exists() or cost != "hybrid" else stand_in(model, inputs, graph)
     if shallow is not None:  # a deep stack: its iterations measured on a shallow copy
         small = measured_table(cost, shallow.model, inputs, shallow.graph, device, cache_dir)
-        small_path = cache_path(shallow.graph, device, directory).with_suffix(".iterations.v4.json")
+        small_path = cache_path(shallow.graph, device, directory).with_suffix(".iterations.v5.json")
         record = iteration_record(shallow.model, inputs, shallow.graph, small, device, small_path)
         if record is not None:
             return write_record(carried_record(model, inputs, graph, table, shallow, record), record_path)
