@@ -403,11 +403,11 @@ def profile_costs(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
     with on_device, torch.random.fork_rng(devices=rng_devices), torch.no_grad(), \
             tqdm(total=total, disable=not progress, desc=f"profiling on {dev}", unit="op") as pbar:
         torch.manual_seed(0)
-        # what the executor runs on this device (`monet.impls.lower_for_device`: cuDNN's BatchNorm on
-        # CUDA); the rows keep ``graph``'s node ids and op names
+        # what the executor runs (`monet.impls.lower_for_device`: cuDNN's BatchNorm on CUDA, fp32
+        # dropout's backward on the CPU); the rows keep ``graph``'s node ids and op names
         from monet.impls import lower_for_device
 
-        run = lower_for_device(graph) if dev.type == "cuda" else graph
+        run = lower_for_device(graph)
         args = joint_inputs(model, example_input, run, dev)
         interp = ProfilingInterpreter(run, dev, repeats, warmup, pbar, source, only, in_context)
         interp.run(*args, enable_io_processing=False)
