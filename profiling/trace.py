@@ -41,6 +41,7 @@ model, about 100 kB for ResNet-50::
                                                                     "autocast"}},
               "schedule": {"saved", "stages": [[backward, [recompute], [release]]], "impl", "inplace", "offload"},
               "executor": {"buffers_in_place"},   # `monet.executor.RUNTIME` when recorded (absent: False)
+              "lowered": bool,   # the executor ran `monet.impls.lower_for_device` of the graph (absent: False)
               "solution": {"label", "mode", "budget_bytes", "predicted_peak_bytes"},
               "workspace": {"source", "fwd": [bytes per forward node], "bwd": [bytes per backward node],
                             "trace_fwd", "trace_bwd"},
@@ -586,6 +587,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
                   "joint": graph_to_json(base["graph"])},
         "schedule": schedule_to_json(sched),
         "executor": dict(RUNTIME),  # how the modules that ran were built
+        "lowered": True,  # from the graph `monet.impls.lower_for_device` makes (`monet.wrapper`)
         "solution": {"label": label, "mode": sol.meta.mode if sol is not None else None,
                      "budget_bytes": int(sol.meta.budget_bytes) if sol is not None else None,
                      "predicted_peak_bytes": int(sol.meta.predicted_peak_bytes) if sol is not None else None},
@@ -797,6 +799,9 @@ def replay_trace(trace: Trace, graph=None):
         graph = graph_from_json(meta["graph"]["joint"], meta["graph"]["fingerprint"], meta["device"].get("capability"))
     schedule = schedule_from_json(meta["schedule"])
     g = apply_impls(graph, schedule.impl)
+    if meta.get("lowered"):  # what the executor ran (traces recorded before it lowered: as they were)
+        from monet.impls import lower_for_device
+        g = lower_for_device(g)
     fw, bw = build_modules(g, schedule, **meta.get("executor", {"buffers_in_place": False}))
     ws = meta["workspace"]
     workspace = (np.asarray(ws["fwd"], dtype=np.int64), np.asarray(ws["bwd"], dtype=np.int64))
