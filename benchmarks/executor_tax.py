@@ -86,6 +86,8 @@ ROWS: dict[str, Case] = {c.label: c for c in (
     Case("gpt2-24-layers", "depth/gpt2", 2, "cpu", layers=24),
     Case("llama-24-layers", "depth/llama", 2, "cpu", layers=24),
     Case("bert-24-layers", "depth/bert", 2, "cpu", layers=24),
+    # the tax against depth (per layer, not per iteration: `monet.profiling.shallow.carried_record`)
+    *(Case(f"{m}-{n}-layers", f"depth/{m}", 2, "cpu", layers=n) for m in ("gpt2", "bert") for n in (4, 16)),
     Case("cuda-resnet50-b184", "zoo/resnet50", 184, "cuda", (3, 224, 224), {}),
     Case("cuda-resnet50-b16", "zoo/resnet50", 16, "cuda", (3, 64, 64), {}),
     Case("cuda-demo", "zoo/resnet50", 64, "cuda", (3, 64, 64), QUARTER),
@@ -209,6 +211,9 @@ def parse_args(argv=None):
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time (default), or this process's CPU time (time.process_time; CPU rows only), "
                         "which other jobs on a shared machine move less")
+    p.add_argument("--no-lowering", action="store_true",
+                   help="run the executor without the CPU's fp32 dropout-backward lowering "
+                        "(monet.impls.dropout.dropout_backward_cpu), to set it against the default")
     args = p.parse_args(argv)
     if args.pairs is not None and args.pairs < 3:
         p.error("--pairs must be >= 3")
@@ -236,6 +241,10 @@ def main(argv=None) -> int:
         _log("--clock cpu does not see a GPU's work: use it with --device cpu")
         return 1
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.no_lowering:
+        from monet.impls import dropout
+
+        dropout.lower_dropout_backward = lambda graph: 0
     started, load_before = time.time(), os.getloadavg()[0]
     results = []
     for name in names:
@@ -250,7 +259,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     print(f"Executor tax (MONeT keeping everything vs plain PyTorch), torch {torch.__version__}, "
           f"{info['CPU']}, {info['torch threads']} threads" + (f", {info['GPU']}" if "GPU" in info else "")
-          + f", {args.clock} clock"
+          + f", {args.clock} clock" + (", without the CPU dropout lowering" if args.no_lowering else "")
           + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {time.time() - started:.0f} s")
     print()
     print(table(results))

@@ -185,9 +185,9 @@ def carried_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame
     tax over plain PyTorch is a fraction: it is per layer (the generated code's Python per node,
     the captured dropout's mask conversions and the out-of-place gradient sums of each layer), and
     so is plain PyTorch's iteration.  The depth benchmark's models at 4 and 16 layers (hidden 256,
-    2 x 256 tokens, one thread, 20 pairs): ``K - P`` grew 2.5 to 4.6-fold from 4 to 16 layers
-    (BERT 20 to 62 ms in fp32, 13.5 to 44 ms in bf16; GPT-2 in bf16 20 to 89 ms) while ``K / P``
-    stayed within the pairs' spread (+5.1 % and +5.1 % for that GPT-2); carried as the copy's sum,
+    2 x 256 tokens, one thread, 20 pairs): ``K - P`` grew from 4 to 16 layers (BERT 9 to 21 ms,
+    GPT-2 2 to 20 ms) while ``K / P`` stayed within the pairs' spread (BENCHMARKS.md, "Executor
+    tax (keep everything, CPU)"; `benchmarks/executor_tax.py`); carried as the copy's sum,
     the 48-layer BERT's tax in bf16 was predicted +0.4 % and measured +5.1 % and +5.7 %
     (BENCHMARKS.md, "Deep networks").  Why the scale, both ways: the copy's operators, timed one by
     one, are no good guess of the deep model's iteration, over or under.  Taken as they were, the
