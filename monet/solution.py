@@ -86,7 +86,10 @@ class Schedule:
         impl: ``"fwd:<id>"`` / ``"bwd:<id>"`` -> implementation name (`monet.impls`); nodes not
             listed use PyTorch's own kernel.
         inplace: ReLU, hardtanh and add overwrite their input where it has no later user
-            (`monet.inplace`).
+            (`monet.inplace`): the same bits as out of place, never more memory, and no fresh
+            allocation (which on the CPU costs the new pages' faults: the executor's tax,
+            BENCHMARKS.md).  Every schedule the solvers make sets it, in every mode; files
+            written before it was the default keep what they hold.
         offload: kept values moved to host memory (`solver.offload`, `monet.offload`), each
             ``(value, release, prefetch)``: the joint graph's FX name of the value, the forward
             node after which its device copy is freed, the backward stage at whose start it is
@@ -96,7 +99,7 @@ class Schedule:
     saved: tuple[int, ...]
     stages: list[Stage]
     impl: dict[str, str] = field(default_factory=dict)
-    inplace: bool = False
+    inplace: bool = True
     offload: tuple = ()
 
     def __post_init__(self):

@@ -23,7 +23,7 @@ SIMULATION_MARGIN = 1.5
 
 def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,
                  solver: str = "CBC", verbose: bool = False, mode: str = "normal",
-                 inplace: bool = False, eager: int | None = None, eager_time: float | None = None,
+                 eager: int | None = None, eager_time: float | None = None,
                  gap: float = 0.0, progress=None, relaxation: bool = True, smallest: bool = True,
                  offload_bandwidth: float | None = None) -> Solution:
     """MONeT's ILP in recompute-or-store mode at ``budget`` bytes, in the seconds ``deadline`` has
@@ -31,8 +31,7 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
     ``offload_bandwidth`` (bytes/s) offload to host memory is a third choice (`solver.offload`).
 
     ``graph`` may carry implementations already (``graph.impls``, fixed by
-    `solver.portfolio.solve_full`); ``mode`` is the label stored in the solution, ``inplace`` turns
-    on in-place ReLU/add in the executor.  The other options are `solve_ilp`'s.
+    `solver.portfolio.solve_full`); ``mode`` is the label stored in the solution.  The other options are `solve_ilp`'s.
     """
     t0 = time.perf_counter()
     mem = memory_model(graph, costs, offload_bandwidth)
@@ -41,7 +40,7 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
     time_limit = max(1.0, deadline.left() - SIMULATION_MARGIN * simulation_seconds(graph))
     const = costs.total_time
     kw = dict(mode="normal", solver=solver, constant_s=const, verbose=verbose,
-              peak_of=simulated_peak_fn(graph, costs, mem, inplace), gap=gap, progress=progress,
+              peak_of=simulated_peak_fn(graph, costs, mem), gap=gap, progress=progress,
               relaxation=relaxation)
     if mem.offload is not None and problem_size(graph, mem, costs.fwd_recompute, "normal")[0] > LARGE:
         res = _solve_offload_policies(graph, mem, costs, budget, time_limit, smallest, kw)
@@ -50,7 +49,7 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
     entries = () if res.O is None else mem.offload.entries(res.O)
     return finish_solution(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status,
                            solver=res.solver, objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                           solve_time_s=time.perf_counter() - t0, info=info or {}, inplace=inplace, eager=eager,
+                           solve_time_s=time.perf_counter() - t0, info=info or {}, eager=eager,
                            eager_time=eager_time, offload=entries, offload_bandwidth=offload_bandwidth)
 
 

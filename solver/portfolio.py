@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 
 from monet.graph import OpGraph
-from monet.impls import mode_tokens
 from monet.profiling.costs import CostArrays
 from monet.solution import Solution
 from monet.solver.choices import (chosen_graph, chosen_impls, fixed_time, full_model, lean_impls,
@@ -206,13 +205,12 @@ class _Run:
         self.graph, self.costs, self.budget, self.info = graph, costs, budget, info
         self.mode, self.solver, self.limit, self.verbose = mode, solver, time_limit, verbose
         self.device, self.cost_fn, self.progress, self.gap, self.policy = device, cost_fn, progress, gap, policy
-        self.inplace = "inplace" in mode_tokens(mode)
         self.options, self.mem = full_model(graph, costs, mode, device, cost_fn, progress)
         # the limit is the solver's: measuring the implementation options (the demo's CPU profile:
         # 20-30 s of its 30 s limit) left the searches a few seconds, and the demo a +440 % schedule
         self.deadline = Deadline(time_limit)
         self.t0 = time.perf_counter()
-        self.ref = dict(mode=mode, inplace=self.inplace, eager=eager_peak(graph, costs), eager_time=costs.plain_time,
+        self.ref = dict(mode=mode, eager=eager_peak(graph, costs), eager_time=costs.plain_time,
                         gap=gap, progress=progress)
         self.large = bool(self.options) and problem_size(graph, self.mem, costs.fwd_recompute, mode)[0] > LARGE
         self.sets = {"pytorch_impls": {}, "cheap_lean_impls": lean_impls(self.options, cheap=True)}
@@ -269,14 +267,14 @@ class _Run:
         g, c, mem = self.graph, self.costs, self.mem
         self.res = res = solve_ilp(g, mem, c.fwd_recompute, self.budget, mode=self.mode, solver=self.solver,
                                    time_limit=seconds, constant_s=fixed_time(g, c, self.options),
-                                   verbose=self.verbose, peak_of=simulated_peak_fn(g, c, mem, self.inplace),
+                                   verbose=self.verbose, peak_of=simulated_peak_fn(g, c, mem),
                                    gap=self.gap, progress=self.progress)
         if res.status != "no_integer":
             g2, c2 = chosen_graph(g, c, self.options, chosen_impls(self.options, res.M))
             self.sol = finish_solution(g2, c2, res.S, res.R, budget=self.budget, mode=self.mode, status=res.status,
                                        solver=res.solver, objective_s=res.objective_s, bound_s=res.bound_s,
                                        gap=res.gap, solve_time_s=time.perf_counter() - self.t0, info=self.info or {},
-                                       inplace=self.inplace, eager=self.ref["eager"],
+                                       eager=self.ref["eager"],
                                        eager_time=self.ref["eager_time"])
 
     def joint_relaxation(self, step: Step, seconds: float) -> None:

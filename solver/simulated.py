@@ -25,7 +25,7 @@ from monet.solver.offload import build_offload_model
 
 
 def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, status: str, solver: str,
-                    objective_s: float, bound_s, gap, solve_time_s: float, info: dict, inplace: bool = False,
+                    objective_s: float, bound_s, gap, solve_time_s: float, info: dict,
                     eager: int | None = None, eager_time: float | None = None, offload: tuple = (),
                     offload_bandwidth: float | None = None, check: bool = True) -> Solution:
     """The `Solution` of (S (T, N), R (T, N) bool: kept at the start of / recomputed in each backward
@@ -40,7 +40,7 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
         RuntimeError: with ``check``, a simulated peak above ``budget`` bytes (an internal error
             for schedules whose memory an ILP's expressions bound); without it (schedules with
             no budget knob: keep everything, Chen's sqrt(n)) the caller compares the peak."""
-    schedule, sim = simulated_schedule(graph, costs, S, R, offload, inplace)
+    schedule, sim = simulated_schedule(graph, costs, S, R, offload)
     if check and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
@@ -67,16 +67,20 @@ def keep_all_matrices(graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
 
 
 def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
-    """Simulated peak (bytes) of plain PyTorch: the keep-everything schedule.  Kept on the graph
-    per workspace (the costs' ``fwd_workspace`` and ``bwd_workspace``): a 96-layer GPT-2 took 8 s
-    to simulate, and one solve asked for it three times."""
+    """Simulated peak (bytes) of plain PyTorch: the keep-everything schedule, out of place (the
+    joint graph's ops as traced, `Schedule.inplace` False: the reference a budget's percentage and
+    the ILP's rows are of; the executor keeping everything in place peaks at or under it).  Kept on
+    the graph per workspace (the costs' ``fwd_workspace`` and ``bwd_workspace``): a 96-layer GPT-2
+    took 8 s to simulate, and one solve asked for it three times."""
     key = _workspace_key(costs)
     known = graph.__dict__.setdefault("_eager_peaks", {})
     if key not in known:
         S, R = keep_all_matrices(graph)
         known.clear()  # one entry: the costs of one graph seldom change
         t0 = time.perf_counter()
-        known[key] = schedule_peak(graph, costs, schedule_from_matrices(graph, S, R)).peak_bytes
+        schedule = schedule_from_matrices(graph, S, R)
+        schedule.inplace = False
+        known[key] = schedule_peak(graph, costs, schedule).peak_bytes
         graph.__dict__["_simulation_s"] = time.perf_counter() - t0
     return known[key]
 
@@ -93,16 +97,16 @@ def _workspace_key(costs) -> tuple | None:
         if costs is not None else None
 
 
-def simulated_schedule(graph: OpGraph, costs, S, R, offload: tuple = (), inplace: bool = False):
+def simulated_schedule(graph: OpGraph, costs, S, R, offload: tuple = ()):
     """``(schedule, SimResult)``: the `monet.schedule.Schedule` of (S (T, N), R (T, N)) on ``graph``
-    (its implementations, ``offload`` entries, ``inplace``) and its `monet.simulate.schedule_peak`.
+    (its implementations, ``offload`` entries; in place, `Schedule.inplace`) and its `monet.simulate.schedule_peak`.
     The last one simulated on ``graph`` is kept: a solver checks its schedule's peak, and
     `finish_solution` then asks for the same one (a 96-layer GPT-2: 5 s each)."""
     schedule = schedule_from_matrices(graph, S, R, offload)
-    schedule.impl, schedule.inplace = dict(graph.impls), inplace
+    schedule.impl = dict(graph.impls)
     digest = hashlib.blake2b(np.asarray(S, dtype=bool).tobytes(), digest_size=16)
     digest.update(np.asarray(R, dtype=bool).tobytes())
-    key = (digest.hexdigest(), np.asarray(S).shape, repr(offload), repr(sorted(schedule.impl.items())), inplace,
+    key = (digest.hexdigest(), np.asarray(S).shape, repr(offload), repr(sorted(schedule.impl.items())),
            _workspace_key(costs))
     last = graph.__dict__.get("_last_simulated")
     if last is not None and last[0] == key:
@@ -121,14 +125,13 @@ def memory_model(graph: OpGraph, costs: CostArrays, offload_bandwidth: float | N
     return mem
 
 
-def simulated_peak_fn(graph: OpGraph, costs, mem, inplace: bool = False):
+def simulated_peak_fn(graph: OpGraph, costs, mem):
     """The solver's view of `monet.simulate.schedule_peak`: ``peak_of(S (T, G), R (T, N), M (O,) = None, O (G,) =
     None) -> bytes``, the peak of the schedule the executor would run for the ILP's matrices.
 
     Args:
         graph, costs: the captured `OpGraph` and its `CostArrays` (PyTorch's implementations).
         mem: the `monet.solver.memory_model.MemoryModel` whose groups S's columns are.
-        inplace: the schedule's in-place ReLU/add (`Schedule.inplace`).
 
     ``peak_of`` builds the schedule with the implementations M chooses (None: PyTorch's), with the
     groups O offloaded to host memory (None: `MemoryModel.offloaded`, the allowed groups the
@@ -140,5 +143,5 @@ def simulated_peak_fn(graph: OpGraph, costs, mem, inplace: bool = False):
             g, c = chosen_graph(graph, costs, mem.options, chosen_impls(mem.options, M))
         O = mem.offloaded(S_groups, R, O)
         entries = () if O is None else mem.offload.entries(O)
-        return simulated_schedule(g, c, mem.group_to_node(S_groups), R, entries, inplace)[1].peak_bytes
+        return simulated_schedule(g, c, mem.group_to_node(S_groups), R, entries)[1].peak_bytes
     return peak_of

@@ -26,7 +26,7 @@ def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode
                       time_limit: float, device: str, cost_fn, ref: dict) -> Solution:
     """The smallest-budget search's schedule (`_smallest`, ``time_limit`` seconds when not cached)
     when it fits ``budget`` bytes (status "heuristic", solver "<name>+min-budget"); ``ref`` holds
-    ``inplace``, ``eager`` (bytes) and ``eager_time`` (seconds) for `finish_solution`.
+    ``eager`` (bytes) and ``eager_time`` (seconds) for `finish_solution`.
 
     Raises:
         InfeasibleBudgetError: it does not fit; names the smallest budget found and the LP's bound.
@@ -37,7 +37,7 @@ def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode
     return finish_solution(g, c, S, R, budget=budget, mode=mode, status="heuristic",
                            solver=solver.upper() + "+min-budget",
                            objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
-                           solve_time_s=0.0, info=info or {}, inplace=ref["inplace"], eager=ref["eager"],
+                           solve_time_s=0.0, info=info or {}, eager=ref["eager"],
                            eager_time=ref["eager_time"])
 
 
@@ -82,12 +82,11 @@ def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, 
     time_limit *= 0.95
     t_end = time.perf_counter() + time_limit
     tokens = mode_tokens(mode)
-    inplace = "inplace" in tokens
     options, mem = full_model(graph, costs, mode, device, cost_fn) if tokens - {"inplace"} else ([], None)
     if not options:
         mem = memory_model(graph, costs, offload_bandwidth)
     first = time_limit * (2 / 3 if options or mem.offload is not None else 1.0)
-    peak_of = simulated_peak_fn(graph, costs, mem, inplace)
+    peak_of = simulated_peak_fn(graph, costs, mem)
     least, proven, S, R, M, lower = solve_min_budget(graph, mem, mode, solver, first, peak_of=peak_of,
                                                      progress=progress)
     g, c = (chosen_graph(graph, costs, options, chosen_impls(options, M)) if M is not None else (graph, costs))
@@ -99,7 +98,7 @@ def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, 
         # recompute-only search found 18.5 % without any offload)
         base = memory_model(graph, costs)
         _, _, S0, R0, _, _ = solve_min_budget(graph, base, mode, solver, max(1.0, t_end - time.perf_counter()),
-                                              peak_of=simulated_peak_fn(graph, costs, base, inplace))
+                                              peak_of=simulated_peak_fn(graph, costs, base))
         least0 = int(np.ceil(peak_of(S0, R0)))
         if least0 < least:
             best = (least0, lower is not None and least0 <= lower, graph, costs, mem.group_to_node(S0), R0, lower)
@@ -107,7 +106,7 @@ def _search_smallest(graph: OpGraph, costs: CostArrays, mode: str, solver: str, 
         g, c = chosen_graph(graph, costs, options, lean_impls(options))
         m = memory_model(g, c)
         lean, _, S, R, _, _ = solve_min_budget(g, m, "normal", solver, max(1.0, t_end - time.perf_counter()),
-                                               peak_of=simulated_peak_fn(g, c, m, inplace), progress=progress)
+                                               peak_of=simulated_peak_fn(g, c, m), progress=progress)
         if lean < least:
             # the joint model's bound bounds every implementation set, this one's included
             best = (lean, lower is not None and lean <= lower, g, c, m.group_to_node(S), R, lower)

@@ -98,7 +98,7 @@ def same_kernels_solution(graph: OpGraph, costs: CostArrays, sol: Solution, devi
         graph, costs = chosen_graph(graph, costs, options, impls)
     S, R = keep_all_matrices(graph)
     schedule = schedule_from_matrices(graph, S, R)
-    schedule.impl, schedule.inplace = dict(graph.impls), False
+    schedule.impl = dict(graph.impls)
     meta = dataclasses.replace(sol.meta, mode="none", status="optimal", objective_s=sol.meta.eager_time_s or 0.0)
     return Solution(schedule=schedule, S=S, R=R, meta=meta)
 
@@ -152,7 +152,7 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
     mode_tokens(mode)  # validates
     check_offload(mode, offload_bandwidth)
     deadline = deadline if deadline is not None else Deadline(time_limit)
-    ref = dict(inplace="inplace" in mode_tokens(mode), eager=None, eager_time=None)
+    ref = dict(eager=None, eager_time=None)
     if budget is None and mode != "none":
         kept = searched(graph, costs, mode, solver, device, cost_fn, offload_bandwidth) and not offload_bandwidth
         least, _ = min_budget(graph, costs, mode, solver, 0.0 if kept else deadline.share(SEARCH_SHARE), device,

@@ -97,7 +97,7 @@ def add_arguments(p) -> None:
                         "normal (recompute or store), or tokens joined by '_': conv (convolution "
                         "algorithms), multiway (store a node's input or output), newnode (compact "
                         "values: 1-bit ReLU/dropout masks, 4-bit max-pool offsets), inplace (ReLU and add "
-                        "overwrite their input), attention (SDPA backends). Default: "
+                        "overwrite their input; every mode does it now), attention (SDPA backends). Default: "
                         "inplace_conv_multiway_newnode (MONeT's full mode); 'full' is every token, "
                         "attention included")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
