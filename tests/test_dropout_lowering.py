@@ -1,5 +1,6 @@
-"""fp32 dropout's backward on the CPU without the mixed-dtype product (`monet.impls.dropout.dropout_backward_cpu`,
-applied by `monet.impls.lower_for_device`): the same bits, nodes and memory, run by the executor."""
+"""fp32 dropout's forward and backward on the CPU without the mixed-dtype product
+(`monet.impls.dropout.dropout_forward_cpu`, `dropout_backward_cpu`, applied by `monet.impls.lower_for_device`):
+the same bits, random numbers, nodes and memory, run by the executor, recomputed too."""
 from __future__ import annotations
 
 import copy
@@ -38,17 +39,46 @@ def test_the_cpu_backward_has_the_kernels_bits():
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits: signed zeros and NaN too
 
 
+def test_the_cpu_forward_has_the_kernels_bits_and_draws():
+    x = torch.randn(2, 4, 64, 64)
+    x.view(-1)[:4] = torch.tensor([-0.0, float("nan"), float("-inf"), float("inf")])
+    for p in (0.1, 0.5, 1.0, 0.0):
+        torch.manual_seed(3)
+        want = aten.native_dropout(x, p, True)
+        after_want = torch.randn(4)
+        torch.manual_seed(3)
+        got = dropout.dropout_forward_cpu(x, p, True)
+        after_got = torch.randn(4)
+        assert torch.equal(got[1], want[1]) and got[1].dtype == torch.bool
+        assert got[0].stride() == want[0].stride()
+        assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))  # bits: signed zeros, NaN, inf
+        assert torch.equal(after_got, after_want)  # the generator advanced by the same draws
+    t = x.transpose(1, 3)  # not contiguous: strides follow the input's, as the kernel's
+    torch.manual_seed(1)
+    want = aten.native_dropout(t, 0.2, True)
+    torch.manual_seed(1)
+    got = dropout.dropout_forward_cpu(t, 0.2, True)
+    assert got[0].stride() == want[0].stride() and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+    evaluated = dropout.dropout_forward_cpu(x, 0.1, False)
+    assert torch.equal(evaluated[1], aten.native_dropout(x, 0.1, False)[1])
+
+
 def test_lowering_keeps_ids_fingerprint_and_memory():
     x = torch.randn(8, 16)
     graph = capture(_model(), x)
     low = lower_for_device(graph)
     assert _targets(low).count(dropout.dropout_backward_cpu) == 2
+    assert _targets(low).count(dropout.dropout_forward_cpu) == 2
     assert aten.native_dropout_backward.default not in _targets(low)
+    assert aten.native_dropout.default not in _targets(low)
+    assert [n.random for n in low.fwd] == [n.random for n in graph.fwd]  # still recomputed with their draws
     assert aten.native_dropout_backward.default in _targets(graph)  # the input graph is not modified
     assert (len(low.fwd), len(low.bwd)) == (len(graph.fwd), len(graph.bwd))
     assert low.fingerprint == graph.fingerprint and low.summary == graph.summary
     for a, b in zip(graph.bwd, low.bwd):
         assert (a.id, a.out_bytes) == (b.id, b.out_bytes)
+    for a, b in zip(graph.fwd, low.fwd):
+        assert (a.id, a.out_bytes, a.saved_bytes) == (b.id, b.out_bytes, b.saved_bytes)
     plain = capture(nn.Sequential(nn.Linear(16, 4)), x)
     assert lower_for_device(plain) is plain
 
@@ -82,3 +112,52 @@ def test_the_executor_runs_it_with_plain_gradients(monkeypatch):
     out, grads = step(scheduled_module(copy.deepcopy(model), lambda _g: keep))
     assert len(calls) >= 2  # both dropouts' backward ran the CPU kernel
     assert torch.equal(out, plain_out) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+
+
+def test_the_executor_recomputes_the_lowered_forward_with_its_draws(monkeypatch):
+    """A schedule that keeps nothing it can recompute runs each lowered dropout forward twice (the
+    forward pass and its recomputation, replaying the generator state): plain PyTorch's outputs,
+    gradients and next random numbers, bit for bit."""
+    import numpy as np
+
+    from monet.profiling.costs import analytic_costs, costs_for
+    from monet.solver import ilp
+    from monet.solver.repair import repair
+    from monet.solver.solve import memory_model
+
+    calls = []
+    kernel = dropout.dropout_forward_cpu
+
+    def counted(*a):
+        calls.append(1)
+        return kernel(*a)
+
+    counted._monet_random = True
+    monkeypatch.setattr(dropout, "dropout_forward_cpu", counted)
+    model, x = _model(), torch.randn(8, 16)
+    g = output_grad(model, x)
+    graph = capture(model, x)
+    mem = memory_model(graph, costs_for(graph, analytic_costs(graph)))
+    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
+    sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
+    dropouts = {n.id for n in graph.fwd if n.random}
+    assert len(dropouts) == 2 and dropouts <= {i for st in sched.stages for i in st.recompute}
+
+    def step(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        out = m(x.clone())
+        out.backward(g)
+        return out.detach(), [p.grad for p in m.parameters()], torch.rand(3)
+
+    plain = step(copy.deepcopy(model))
+    monet = scheduled_module(copy.deepcopy(model), lambda _g: sched)
+    got = step(monet)
+    calls.clear()  # the first call traced the executor's modules too
+    step(monet)
+    recomputed = sum(i in dropouts for st in sched.stages for i in st.recompute)
+    assert len(calls) == 2 + recomputed  # two dropouts in the forward pass, then each recomputation
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[2], plain[2])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], plain[1]))
