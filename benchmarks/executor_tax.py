@@ -15,7 +15,7 @@ over plain PyTorch.
 Each row builds the model (weights from seed 0, its loss inside the captured graph:
 `reach_table.build`), captures it, wraps a copy with the schedule that keeps everything
 (`monet.profiling.dispatch.keep_all`) and times one training iteration of each
-(`monet.profiling.check.training_step`: gradients set to None, forward, loss, backward), plain
+(`phase_step`: gradients set to None, forward, loss, backward, the clock read between the passes), plain
 PyTorch and MONeT alternately in this process after `WARMUP` iterations of each, ``--pairs`` times
 (default: about ``--target-s`` seconds per side, at least `MIN_PAIRS`).  The tax is the median over
 the pairs of MONeT's time over plain PyTorch's in the same pair, minus 1
@@ -23,7 +23,8 @@ the pairs of MONeT's time over plain PyTorch's in the same pair, minus 1
 points: on this project's shared 2-core CPUs one iteration's time moves by tens of percent while
 other jobs run, and the median of paired ratios is what stays.  "goal" says whether `GOAL` is met
 (``met``: the upper quartile is under it; ``not met``: the lower quartile is over it; ``within
-spread`` otherwise).  ``--clock cpu`` times this process's CPU time instead of wall time (CPU rows):
+spread`` otherwise).  "tax of forward / backward" is the same median of paired ratios for each pass
+alone (the forward pass with its loss): where the tax is paid.  ``--clock cpu`` times this process's CPU time instead of wall time (CPU rows):
 other jobs on a shared machine delay a process more than they slow it, so its spread is smaller;
 with one thread (``--threads 1``) it is the time the iteration itself took.
 
@@ -108,6 +109,8 @@ class Result:
     tax: float | None = None
     q25: float | None = None
     q75: float | None = None
+    forward_tax: float | None = None  # the same, of the forward pass alone (loss included)
+    backward_tax: float | None = None  # of the backward pass alone
     pairs: int = 0
     error: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -123,13 +126,28 @@ def _on(device: str, model, inputs):
     return model.to(device), ExampleInputs.of(inputs).to(device)
 
 
+def phase_step(model, inputs, clock, into: list) -> None:
+    """`monet.profiling.check.training_step` (gradients set to None, forward, loss, backward) with
+    ``clock`` read between the forward pass (its loss included) and the backward pass: appends
+    ``(forward seconds, backward seconds)`` to ``into``."""
+    from monet.profiling.check import loss_of
+
+    for p in model.parameters():
+        p.grad = None
+    t0 = clock()
+    loss = loss_of(model(*inputs.args, **inputs.kwargs))
+    t1 = clock()
+    loss.backward()
+    into.append((t1 - t0, clock() - t1))
+
+
 def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_counter) -> Result:
     """Time ``case``: plain PyTorch and MONeT keeping everything, alternately (module docstring),
     with ``clock`` (wall time, or ``time.process_time``: ``--clock cpu``)."""
     from monet.capture import capture
     from monet.inputs import ExampleInputs
     from monet.plan import WithLoss
-    from monet.profiling.check import interleaved_times_of, paired_ratio, training_step
+    from monet.profiling.check import interleaved_times_of, paired_ratio
     from monet.profiling.costs import analytic_costs, costs_for
     from monet.profiling.dispatch import keep_all
 
@@ -152,7 +170,9 @@ def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_coun
     monet = keep_all(model, inputs, graph, costs_for(graph, analytic_costs(graph)))
     _log(f"{case.label}: {inputs.describe()} on {case.device}, {res.nodes} nodes, captured in "
          f"{time.perf_counter() - t0:.1f} s")
-    plain_step, monet_step = (lambda: training_step(model, inputs)), (lambda: training_step(monet, inputs))
+    phases = ([], [])  # (forward s, backward s) of each call, plain PyTorch's and MONeT's
+    plain_step, monet_step = (lambda: phase_step(model, inputs, clock, phases[0])), \
+        (lambda: phase_step(monet, inputs, clock, phases[1]))
     for _ in range(WARMUP):
         plain_step()
         monet_step()
@@ -160,14 +180,19 @@ def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_coun
         t0 = time.perf_counter()
         plain_step()
         pairs = max(MIN_PAIRS, int(target_s / max(time.perf_counter() - t0, 1e-6)))
+    for p in phases:
+        p.clear()  # the warm-up's
     times_plain, times_monet = interleaved_times_of((plain_step, monet_step), pairs, 0, case.device, clock)
+    (fp, bp), (fm, bm) = (np.asarray(p).T for p in phases)
+    res.forward_tax, res.backward_tax = paired_ratio(fm, fp) - 1.0, paired_ratio(bm, bp) - 1.0
     ratios = np.asarray(times_monet) / np.asarray(times_plain)
     res.plain_s, res.monet_s = float(np.median(times_plain)), float(np.median(times_monet))
     res.tax = paired_ratio(times_monet, times_plain) - 1.0
     res.q25, res.q75 = (float(q) - 1.0 for q in np.percentile(ratios, [25, 75]))
     res.pairs = pairs
     _log(f"  plain {1e3 * res.plain_s:.2f} ms, MONeT {1e3 * res.monet_s:.2f} ms: tax {100 * res.tax:+.1f} % "
-         f"(quartiles {100 * res.q25:+.1f} / {100 * res.q75:+.1f} %, {pairs} pairs)")
+         f"(quartiles {100 * res.q25:+.1f} / {100 * res.q75:+.1f} %, {pairs} pairs; forward "
+         f"{100 * res.forward_tax:+.1f} %, backward {100 * res.backward_tax:+.1f} %)")
     return res
 
 
@@ -190,13 +215,15 @@ def table(results: list[Result]) -> str:
     for r in results:
         c = r.case
         if r.error:
-            rows.append([c.label, c.model, str(c.batch), r.inputs, c.device, "", "", "", "", r.error, "", ""])
+            rows.append([c.label, c.model, str(c.batch), r.inputs, c.device, "", "", "", "", r.error, "", "", ""])
             continue
         rows.append([c.label, c.model, str(c.batch), r.inputs, c.device, r.nodes, f"{1e3 * r.plain_s:.2f}",
                      f"{1e3 * r.monet_s:.2f}", f"{100 * r.tax:+.1f}",
-                     f"{100 * r.q25:+.1f} / {100 * r.q75:+.1f}", str(r.pairs), goal(r)])
+                     f"{100 * r.q25:+.1f} / {100 * r.q75:+.1f}", str(r.pairs), goal(r),
+                     f"{100 * r.forward_tax:+.1f} / {100 * r.backward_tax:+.1f}"])
     return md_table(["row", "model", "batch", "inputs", "device", "nodes (fwd+bwd)", "plain ms", "MONeT keep-all ms",
-                     "tax %", "spread: quartiles %", "pairs", f"goal <= {100 * GOAL:g} %"], rows)
+                     "tax %", "spread: quartiles %", "pairs", f"goal <= {100 * GOAL:g} %",
+                     "tax of forward / backward %"], rows)
 
 
 def parse_args(argv=None):
@@ -212,8 +239,11 @@ def parse_args(argv=None):
                    help="wall time (default), or this process's CPU time (time.process_time; CPU rows only), "
                         "which other jobs on a shared machine move less")
     p.add_argument("--no-lowering", action="store_true",
-                   help="run the executor without the CPU's fp32 dropout-backward lowering "
-                        "(monet.impls.dropout.dropout_backward_cpu), to set it against the default")
+                   help="run the executor without the CPU's fp32 dropout lowering "
+                        "(monet.impls.dropout.lower_dropout: forward and backward), to set it against the default")
+    p.add_argument("--out-of-place", action="store_true",
+                   help="run the executor without its in-place pass (monet.inplace.make_inplace), as schedules "
+                        "solved before 2026-11-29 in any mode but 'inplace' ran")
     args = p.parse_args(argv)
     if args.pairs is not None and args.pairs < 3:
         p.error("--pairs must be >= 3")
@@ -244,7 +274,11 @@ def main(argv=None) -> int:
     if args.no_lowering:
         from monet.impls import dropout
 
-        dropout.lower_dropout_backward = lambda graph: 0
+        dropout.lower_dropout = lambda graph: 0
+    if args.out_of_place:
+        import monet.executor
+
+        monet.executor.make_inplace = lambda graph: 0
     started, load_before = time.time(), os.getloadavg()[0]
     results = []
     for name in names:
@@ -260,6 +294,7 @@ def main(argv=None) -> int:
     print(f"Executor tax (MONeT keeping everything vs plain PyTorch), torch {torch.__version__}, "
           f"{info['CPU']}, {info['torch threads']} threads" + (f", {info['GPU']}" if "GPU" in info else "")
           + f", {args.clock} clock" + (", without the CPU dropout lowering" if args.no_lowering else "")
+          + (", out of place" if args.out_of_place else "")
           + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {time.time() - started:.0f} s")
     print()
     print(table(results))
