@@ -42,6 +42,11 @@ COST_SOURCES = ("analytic", "hybrid", "profile")
 # the quick profile of ``hybrid``: warm medians (a first, cold run of a CPU kernel was 1.3-3x its
 # warm time, so ratios and times from one unwarmed run mis-ranked implementations)
 QUICK = dict(repeats=3, warmup=1)
+#: the suffix of a graph's cached iteration record.  ".v6": the records before the operator scale
+#: (v2) and the recompute factor lack them, those of one round of Chen's schedule (v3) are measured
+#: again, and so are deep stacks' records that carried the executor's tax as a sum (v4,
+#: `carried_record`) and those timed with the executor out of place and ATen's dropout forward (v5)
+RECORD_SUFFIX = ".iterations.v6.json"
 
 
 def measures_times(cost: str, device: str) -> bool:
@@ -143,14 +148,11 @@ def iterations(cost: str, model, inputs, graph, device: str, cache_dir=None) -> 
     directory = quick_dir(device, cache_dir) if cost == "hybrid" else (cache_dir or default_cache_dir())
     path = cache_path(graph, device, directory)
     table = measured_table(cost, model, inputs, graph, device, cache_dir)
-    # ".v5": the records before the operator scale (v2) and the recompute factor lack them, those of
-    # one round of Chen's schedule (v3) are measured again, and so are deep stacks' records that
-    # carried the executor's tax as a sum (v4, `carried_record`)
-    record_path = path.with_suffix(".iterations.v5.json")
+    record_path = path.with_suffix(RECORD_SUFFIX)
     shallow = None if record_path.exists() or cost != "hybrid" else stand_in(model, inputs, graph)
     if shallow is not None:  # a deep stack: its iterations measured on a shallow copy
         small = measured_table(cost, shallow.model, inputs, shallow.graph, device, cache_dir)
-        small_path = cache_path(shallow.graph, device, directory).with_suffix(".iterations.v5.json")
+        small_path = cache_path(shallow.graph, device, directory).with_suffix(RECORD_SUFFIX)
         record = iteration_record(shallow.model, inputs, shallow.graph, small, device, small_path)
         if record is not None:
             return write_record(carried_record(model, inputs, graph, table, shallow, record), record_path)

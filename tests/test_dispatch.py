@@ -22,7 +22,7 @@ from monet.profiling.dispatch import (FACTOR_FLOOR, FACTOR_MAX, FACTOR_MIN, FIEL
                                       iteration_record, measure_iterations, operator_scale, recompute_factor)
 from monet.profiling.profiler import hybrid_cost_fn
 from monet.profiling.sources import (between_operators, cost_table, iterations, plain_iteration, quick_dir,
-                                     quick_profile, solver_costs)
+                                     quick_profile, RECORD_SUFFIX, solver_costs)
 from monet.solver.choices import implementation_options, option_seconds
 
 FULL = "inplace_conv_multiway_newnode"
@@ -135,7 +135,7 @@ def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     quick = quick_profile(model, x, graph, "cpu", tmp_path)
     between = between_operators("hybrid", model, x, graph, "cpu", tmp_path)
     record = iterations("hybrid", model, x, graph, "cpu", tmp_path)
-    assert list(quick_dir("cpu", tmp_path).glob("*.iterations.v5.json"))
+    assert list(quick_dir("cpu", tmp_path).glob("*" + RECORD_SUFFIX))
     table, costs = solver_costs("hybrid", model, x, graph, "cpu", cache_dir=tmp_path)
     assert table.equals(cost_table("hybrid", model, x, graph, "cpu", cache_dir=tmp_path))
     scale = record["operator_scale"]
