@@ -138,8 +138,9 @@ def lower_dropout(graph: fx.Graph) -> int:
     tensor as `dropout_forward_cpu` and each fp32 ``native_dropout_backward`` as
     `dropout_backward_cpu`, where the result is laid out as the traced node's (the forward's input's,
     the backward's mask's strides).  One node stays one node, with its name, arguments and users
-    (`monet.impls.registry.lower_for_device`).  bf16 is left to the kernels (the backward gains
-    nothing there).  Returns how many it rewrote."""
+    (`monet.impls.registry.lower_for_device`).  bf16 is left to the kernels: the backward gains
+    nothing there, and the forward computed this way in bf16 did not give the kernel's bits in a
+    trial (not understood; fp32's are tested).  Returns how many it rewrote."""
     from monet.impls.registry import swap
 
     count = 0
