@@ -1,10 +1,11 @@
-"""fp32 dropout's forward and backward on the CPU without the mixed-dtype product
+"""Dropout's forward (fp32, bf16, fp16) and fp32 backward on the CPU without the mixed-dtype product
 (`monet.impls.dropout.dropout_forward_cpu`, `dropout_backward_cpu`, applied by `monet.impls.lower_for_device`):
 the same bits, random numbers, nodes and memory, run by the executor, recomputed too."""
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -39,10 +40,14 @@ def test_the_cpu_backward_has_the_kernels_bits():
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits: signed zeros and NaN too
 
 
-def test_the_cpu_forward_has_the_kernels_bits_and_draws():
-    x = torch.randn(2, 4, 64, 64)
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@pytest.mark.parametrize("dtype", list(BITS), ids=str)
+def test_the_cpu_forward_has_the_kernels_bits_and_draws(dtype):
+    x = torch.randn(2, 4, 64, 64).to(dtype)
     x.view(-1)[:4] = torch.tensor([-0.0, float("nan"), float("-inf"), float("inf")])
-    for p in (0.1, 0.5, 1.0, 0.0):
+    for p in (0.1, 0.3, 0.5, 1.0, 0.0):
         torch.manual_seed(3)
         want = aten.native_dropout(x, p, True)
         after_want = torch.randn(4)
@@ -51,14 +56,14 @@ def test_the_cpu_forward_has_the_kernels_bits_and_draws():
         after_got = torch.randn(4)
         assert torch.equal(got[1], want[1]) and got[1].dtype == torch.bool
         assert got[0].stride() == want[0].stride()
-        assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))  # bits: signed zeros, NaN, inf
+        assert torch.equal(got[0].view(BITS[dtype]), want[0].view(BITS[dtype]))  # bits: signed zeros, NaN, inf
         assert torch.equal(after_got, after_want)  # the generator advanced by the same draws
     t = x.transpose(1, 3)  # not contiguous: strides follow the input's, as the kernel's
     torch.manual_seed(1)
     want = aten.native_dropout(t, 0.2, True)
     torch.manual_seed(1)
     got = dropout.dropout_forward_cpu(t, 0.2, True)
-    assert got[0].stride() == want[0].stride() and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+    assert got[0].stride() == want[0].stride() and torch.equal(got[0].view(BITS[dtype]), want[0].view(BITS[dtype]))
     evaluated = dropout.dropout_forward_cpu(x, 0.1, False)
     assert torch.equal(evaluated[1], aten.native_dropout(x, 0.1, False)[1])
 
@@ -83,12 +88,14 @@ def test_lowering_keeps_ids_fingerprint_and_memory():
     assert lower_for_device(plain) is plain
 
 
-def test_bf16_dropout_is_left_to_the_kernel():
+def test_bf16_dropout_backward_is_left_to_the_kernel():
     graph = capture(_model(), torch.randn(8, 16), autocast_dtype=torch.bfloat16)
     low = lower_for_device(graph)
     bf16 = [n for n in low.joint.graph.nodes if n.target is aten.native_dropout_backward.default
             and n.args[0].meta["val"].dtype == torch.bfloat16]
     assert bf16, "autocast keeps this dropout's gradient in bf16"
+    # its forward is lowered (the same bits in bf16: test_the_cpu_forward_has_the_kernels_bits_and_draws)
+    assert _targets(low).count(dropout.dropout_forward_cpu) == 2 and aten.native_dropout.default not in _targets(low)
 
 
 def test_the_executor_runs_it_with_plain_gradients(monkeypatch):

@@ -84,13 +84,15 @@ def dropout_forward_cpu(x: torch.Tensor, p: float, train):
     """``aten.native_dropout(x, p, train)`` on the CPU, bit for bit: ``(out, mask)``, ``out`` of
     ``x``'s shape and dtype, ``mask`` bool of its shape.  The same random numbers are drawn (the
     kernel's own ``bernoulli_`` into the bool mask), then the mask is converted to ``x``'s dtype once,
-    into the tensor that becomes ``out``, and multiplied by ``x`` and by 1 / (1 - p) in place.
+    into the tensor that becomes ``out``, and multiplied by ``x`` and by 1 / (1 - p) in place
+    (``aten.mul_.Scalar``, as the kernel's C++ does: Python's ``mul_(float)`` rounds the factor to
+    bf16 / fp16 first and gave other bits in those dtypes).
 
     Why: ATen's kernel computes ``x.mul(mask).mul_(scale)``, and the CPU runs the mixed-dtype product
     by first copying the bool mask into a temporary of ``x``'s dtype: one more allocation and pass of
     ``x``'s size per dropout, in the forward pass and in every recomputation.  ``x * 1`` and ``x * 0``
     in ``x``'s dtype either way, then the same scalar product: the same values, signed zeros,
-    infinities and NaN included.  Not in eval (``train`` False) or for an empty ``x``: the kernel.
+    infinities and NaN included, in fp32, bf16 and fp16.  Not in eval (``train`` False) or for an empty ``x``: the kernel.
     Draws random numbers (`_monet_random`): recomputed with the forward pass's generator state
     (`monet.rng`)."""
     if train is False or x.numel() == 0:
@@ -98,7 +100,7 @@ def dropout_forward_cpu(x: torch.Tensor, p: float, train):
     p1m = 1.0 - p
     mask = torch.empty_like(x, dtype=torch.bool).bernoulli_(p1m)
     out = mask.to(x.dtype)
-    return out.mul_(x).mul_(0.0 if p1m == 0 else 1.0 / p1m), mask
+    return aten.mul_.Scalar(out.mul_(x), 0.0 if p1m == 0 else 1.0 / p1m), mask
 
 
 dropout_forward_cpu._monet_random = True
@@ -120,36 +122,37 @@ def dropout_backward_cpu(grad: torch.Tensor, mask: torch.Tensor, scale: float) -
     return out.mul_(scale)
 
 
-def _fp32_cpu(node: fx.Node, *args) -> bool:
-    """Whether ``node`` and its tensor ``args`` were traced as CPU tensors, the first of them fp32,
-    and ``node``'s (first) result has the strides of the last of them (the ones the lowering's
-    result takes)."""
+def _on_cpu(node: fx.Node, dtypes, *args) -> bool:
+    """Whether ``node`` and its tensor ``args`` were traced as CPU tensors, the first of them of one
+    of ``dtypes``, and ``node``'s (first) result has the strides of the last of them (the ones the
+    lowering's result takes)."""
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in (*args, node)]
     out = vals[-1][0] if isinstance(vals[-1], (tuple, list)) else vals[-1]
     vals[-1] = out
     if any(not isinstance(v, torch.Tensor) for v in vals):
         return False
-    return (vals[0].device.type == "cpu" and vals[0].dtype == torch.float32
-            and out.stride() == vals[-2].stride())
+    return vals[0].device.type == "cpu" and vals[0].dtype in dtypes and out.stride() == vals[-2].stride()
+
+
+_FORWARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def lower_dropout(graph: fx.Graph) -> int:
-    """Rewrite ``graph`` (a joint FX graph, in place) to run each fp32 ``native_dropout`` of a CPU
-    tensor as `dropout_forward_cpu` and each fp32 ``native_dropout_backward`` as
+    """Rewrite ``graph`` (a joint FX graph, in place) to run each ``native_dropout`` of a CPU fp32,
+    bf16 or fp16 tensor as `dropout_forward_cpu` and each fp32 ``native_dropout_backward`` as
     `dropout_backward_cpu`, where the result is laid out as the traced node's (the forward's input's,
     the backward's mask's strides).  One node stays one node, with its name, arguments and users
-    (`monet.impls.registry.lower_for_device`).  bf16 is left to the kernels: the backward gains
-    nothing there, and the forward computed this way in bf16 did not give the kernel's bits in a
-    trial (not understood; fp32's are tested).  Returns how many it rewrote."""
+    (`monet.impls.registry.lower_for_device`).  The bf16 and fp16 backward is left to the kernel
+    (it gains nothing there).  Returns how many it rewrote."""
     from monet.impls.registry import swap
 
     count = 0
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is aten.native_dropout.default and _fp32_cpu(node, node.args[0], node.args[0]):
+        if node.target is aten.native_dropout.default and _on_cpu(node, _FORWARD_DTYPES, node.args[0], node.args[0]):
             swap(graph, node, dropout_forward_cpu)
-        elif (node.target is aten.native_dropout_backward.default and _fp32_cpu(node, *node.args[:2])
+        elif (node.target is aten.native_dropout_backward.default and _on_cpu(node, (torch.float32,), *node.args[:2])
               and node.args[1].meta["val"].dtype == torch.bool):
             swap(graph, node, dropout_backward_cpu)
         else:
