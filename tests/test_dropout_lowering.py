@@ -125,12 +125,7 @@ def test_the_executor_recomputes_the_lowered_forward_with_its_draws(monkeypatch)
     """A schedule that keeps nothing it can recompute runs each lowered dropout forward twice (the
     forward pass and its recomputation, replaying the generator state): plain PyTorch's outputs,
     gradients and next random numbers, bit for bit."""
-    import numpy as np
-
-    from monet.profiling.costs import analytic_costs, costs_for
-    from monet.solver import ilp
-    from monet.solver.repair import repair
-    from monet.solver.solve import memory_model
+    from test_rng import _keep_nothing  # the schedule that keeps nothing it can recompute
 
     calls = []
     kernel = dropout.dropout_forward_cpu
@@ -143,11 +138,7 @@ def test_the_executor_recomputes_the_lowered_forward_with_its_draws(monkeypatch)
     monkeypatch.setattr(dropout, "dropout_forward_cpu", counted)
     model, x = _model(), torch.randn(8, 16)
     g = output_grad(model, x)
-    graph = capture(model, x)
-    mem = memory_model(graph, costs_for(graph, analytic_costs(graph)))
-    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
-    S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
-    sched = schedule_from_matrices(graph, mem.group_to_node(S), R)
+    graph, _, sched = _keep_nothing(model, x)
     dropouts = {n.id for n in graph.fwd if n.random}
     assert len(dropouts) == 2 and dropouts <= {i for st in sched.stages for i in st.recompute}
 
