@@ -1,4 +1,4 @@
-"""Dropout's forward (fp32, bf16, fp16) and fp32 backward on the CPU without the mixed-dtype product
+"""Dropout's forward and backward (fp32, bf16, fp16) on the CPU without the mixed-dtype product
 (`monet.impls.dropout.dropout_forward_cpu`, `dropout_backward_cpu`, applied by `monet.impls.lower_for_device`):
 the same bits, random numbers, nodes and memory, run by the executor, recomputed too."""
 from __future__ import annotations
@@ -28,19 +28,22 @@ def _targets(graph):
     return [n.target for n in graph.joint.graph.nodes if n.op == "call_function"]
 
 
-def test_the_cpu_backward_has_the_kernels_bits():
-    torch.manual_seed(0)
-    x, g = torch.randn(2, 4, 64, 64), torch.randn(2, 4, 64, 64)
-    g.view(-1)[:3] = torch.tensor([-0.0, float("nan"), float("-inf")])
-    _, mask = aten.native_dropout(x, 0.1, True)
-    for scale in (1 / 0.9, 1 / 0.7, 0.0):
-        want = aten.native_dropout_backward(g, mask, scale)
-        got = dropout.dropout_backward_cpu(g, mask, scale)
-        assert got.dtype == want.dtype and got.stride() == want.stride()
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits: signed zeros and NaN too
-
-
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@pytest.mark.parametrize("dtype", list(BITS), ids=str)
+def test_the_cpu_backward_has_the_kernels_bits(dtype):
+    torch.manual_seed(0)
+    x, g = torch.randn(2, 4, 64, 64), torch.randn(2, 4, 64, 64).to(dtype)
+    g.view(-1)[:4] = torch.tensor([-0.0, float("nan"), float("-inf"), float("inf")])
+    _, mask = aten.native_dropout(x, 0.1, True)
+    # eager's bf16 factor (match_eager_dropout), the kernel's double ones, and p = 1
+    for scale in (dropout.eager_scale(0.1, dtype), 1 / 0.9, 1 / 0.7, 0.0):
+        for grad, m in ((g, mask), (g.transpose(1, 3), mask.transpose(1, 3))):  # strides follow the mask's
+            want = aten.native_dropout_backward(grad, m, scale)
+            got = dropout.dropout_backward_cpu(grad, m, scale)
+            assert got.dtype == want.dtype and got.stride() == want.stride()
+            assert torch.equal(got.view(BITS[dtype]), want.view(BITS[dtype]))  # bits: signed zeros and NaN too
 
 
 @pytest.mark.parametrize("dtype", list(BITS), ids=str)
@@ -88,14 +91,15 @@ def test_lowering_keeps_ids_fingerprint_and_memory():
     assert lower_for_device(plain) is plain
 
 
-def test_bf16_dropout_backward_is_left_to_the_kernel():
+def test_bf16_dropout_is_lowered_both_ways():
     graph = capture(_model(), torch.randn(8, 16), autocast_dtype=torch.bfloat16)
-    low = lower_for_device(graph)
-    bf16 = [n for n in low.joint.graph.nodes if n.target is aten.native_dropout_backward.default
+    bf16 = [n for n in graph.joint.graph.nodes if n.target is aten.native_dropout_backward.default
             and n.args[0].meta["val"].dtype == torch.bfloat16]
     assert bf16, "autocast keeps this dropout's gradient in bf16"
-    # its forward is lowered (the same bits in bf16: test_the_cpu_forward_has_the_kernels_bits_and_draws)
-    assert _targets(low).count(dropout.dropout_forward_cpu) == 2 and aten.native_dropout.default not in _targets(low)
+    low = lower_for_device(graph)
+    for fn, kernel in ((dropout.dropout_forward_cpu, aten.native_dropout.default),
+                       (dropout.dropout_backward_cpu, aten.native_dropout_backward.default)):
+        assert _targets(low).count(fn) == 2 and kernel not in _targets(low)
 
 
 def test_the_executor_runs_it_with_plain_gradients(monkeypatch):
