@@ -256,8 +256,8 @@ def apply_impls(graph: OpGraph, impls: dict[str, str]) -> OpGraph:
 def lower_for_device(graph: OpGraph) -> OpGraph:
     """``graph`` with the kernels eager PyTorch runs on its device, or faster ones that compute the
     same bits, where AOTAutograd's decomposition runs others: on CUDA with cuDNN enabled, cuDNN's
-    BatchNorm (`monet.impls.batchnorm.use_cudnn_batch_norm`); on the CPU, dropout's forward (fp32,
-    bf16, fp16) and fp32 backward without the mixed-dtype product (`monet.impls.dropout.lower_dropout`).
+    BatchNorm (`monet.impls.batchnorm.use_cudnn_batch_norm`); on the CPU, dropout's forward and
+    backward (fp32, bf16, fp16) without the mixed-dtype product (`monet.impls.dropout.lower_dropout`).
 
     What runs changes, not what is stored: node ids, the fingerprint, the summary and the memory each
     node holds stay (cuDNN's BatchNorm keeps the mean and inverse standard deviation the native kernel
