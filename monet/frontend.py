@@ -195,8 +195,8 @@ def masks_as_compiled():
     captured with (the wrapper checks both), so the skip eager PyTorch takes holds for every call.
     A mask whose values decide the skip (a padding mask passed in) is still kept: transformers
     does not read tensor values while Dynamo traces.  The same gradients, bit for bit (a mask of
-    zeros added changes no score; test_frontend); 16 layers of BERT at 2 x 256 tokens lose 67 of
-    449 forward nodes."""
+    zeros added changes no score; tests/test_transformers_masks.py); 16 layers of BERT at 2 x 256
+    tokens lose 67 of 449 forward nodes."""
     import sys
 
     masking = sys.modules.get("transformers.masking_utils")
