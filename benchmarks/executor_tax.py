@@ -128,17 +128,19 @@ def _on(device: str, model, inputs):
 
 def phase_step(model, inputs, clock, into: list) -> None:
     """`monet.profiling.check.training_step` (gradients set to None, forward, loss, backward) with
-    ``clock`` read between the forward pass (its loss included) and the backward pass: appends
-    ``(forward seconds, backward seconds)`` to ``into``."""
-    from monet.profiling.check import loss_of
+    ``clock`` read after its loss: appends ``(forward seconds, backward seconds)`` to ``into``, the
+    forward pass with its loss."""
+    from monet.profiling.check import loss_of, training_step
 
-    for p in model.parameters():
-        p.grad = None
-    t0 = clock()
-    loss = loss_of(model(*inputs.args, **inputs.kwargs))
-    t1 = clock()
-    loss.backward()
-    into.append((t1 - t0, clock() - t1))
+    marks = [clock()]
+
+    def loss_then_mark(out):
+        loss = loss_of(out)
+        marks.append(clock())
+        return loss
+
+    training_step(model, inputs, loss_fn=loss_then_mark)
+    into.append((marks[1] - marks[0], clock() - marks[1]))
 
 
 def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_counter) -> Result:
