@@ -14,9 +14,9 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from monet import compat, mixed_precision
+from monet import mixed_precision
 from monet.frontend import (CaptureError, describe_export_failure, kinds_by_name, primal_kinds,
-                            primal_sources, trace, training_inputs)
+                            primal_sources, trace, tracing, training_inputs)
 from monet.graph import OpGraph, build_opgraph
 from monet.impls.dropout import match_eager_dropout
 from monet.inputs import ExampleInputs, call_key
@@ -101,7 +101,7 @@ def capture(model: nn.Module, example_inputs, autocast_dtype: torch.dtype | None
             fuse_lm_loss(gm, None if lm_loss == "chunked" else int(lm_loss))
         sources = primal_sources(gm, model, inputs)
         try:
-            with compat.eager_backward_autocast():
+            with tracing():
                 trace(gm, partition)(*inputs.args, **inputs.kwargs)
         except _Captured as c:
             graph = opgraph_of(c.joint, c.num_fwd_outputs, sources, autocast)

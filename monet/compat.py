@@ -84,6 +84,32 @@ def eager_backward_autocast():
     return config.patch(backward_pass_autocast="off")
 
 
+def lazy_graph_modules():
+    """A context in which the ``fx.GraphModule`` s torch makes (AOTAutograd's joint graph among
+    them) generate their Python code when first called or read, not when made or changed:
+    ``torch.fx._lazy_graph_module._use_lazy_graph_module(True)``, as ``torch.compile`` runs its
+    passes.  monet reads the joint graph's nodes and never calls it; at 96 layers (17,000 joint
+    nodes) each generation took about a second, three times per trace (AOTAutograd's, the dropout
+    scale's, the lowering's).  Present in 2.11-2.15; where it is not, a null context."""
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
+
+
+def lazy_graph_module(root: torch.nn.Module, graph: fx.Graph) -> fx.GraphModule:
+    """``fx.GraphModule(root, graph)`` whose Python code is generated when it is first called or
+    its code read (``torch.fx._lazy_graph_module._LazyGraphModule``), for a graph that is read,
+    not run (a copy of the joint graph to rewrite); a plain ``fx.GraphModule`` where the class is
+    absent.  Same in 2.11-2.15."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:
+        return fx.GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
+
+
 def boxed_function(fn):
     """``functorch.compile.make_boxed_func(fn)``: ``fn`` with AOTAutograd's boxed calling convention
     (one list argument, which the callee may clear).  Unchanged in 2.11-2.15."""
@@ -487,7 +513,7 @@ def boxed_list_function(fn):
     return fn
 
 
-__all__ = ["SUPPORTED", "torch_version", "check_version", "aot_module", "boxed_function", "boxed_codegen",
+__all__ = ["SUPPORTED", "torch_version", "check_version", "aot_module", "lazy_graph_modules", "lazy_graph_module", "boxed_function", "boxed_codegen",
            "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents",
            "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend",
            "forget_code", "detect_fake_mode", "is_fake", "fake_mode", "fake_tensor_on", "backend_flags", "strict_fp32",

@@ -372,8 +372,19 @@ def kinds_by_name(joint: fx.GraphModule, kinds: list[str]) -> dict[str, str]:
 
 
 def trace(gm: nn.Module, partition_fn, fw_compiler=None, bw_compiler=None) -> nn.Module:
-    """``aot_module(gm)`` with ``partition_fn`` (it receives the joint graph on the first call)."""
+    """``aot_module(gm)`` with ``partition_fn`` (it receives the joint graph on the first call,
+    which is to run inside `tracing`)."""
     return compat.aot_module(gm, partition_fn, fw_compiler, bw_compiler)
+
+
+@contextlib.contextmanager
+def tracing():
+    """The context of a `trace`'s first call, where AOTAutograd traces: the backward pass traced
+    without autocast, as eager autograd runs it (`monet.compat.eager_backward_autocast`), and the
+    joint graph's Python code left ungenerated until something runs or reads it
+    (`monet.compat.lazy_graph_modules`: monet reads its nodes only)."""
+    with compat.eager_backward_autocast(), compat.lazy_graph_modules():
+        yield
 
 
 def _user_frame(e: BaseException) -> str:
@@ -391,5 +402,5 @@ def _user_frame(e: BaseException) -> str:
     return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
 
 
-__all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "rebind", "trace", "primal_sources", "primal_kinds", "kinds_by_name",
+__all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "rebind", "trace", "tracing", "primal_sources", "primal_kinds", "kinds_by_name",
            "describe_export_failure", "training_inputs", "cache_owner"]

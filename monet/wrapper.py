@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from monet.executor import RUNTIME, build_modules
 from monet.capture import opgraph_of
-from monet.frontend import (ShardedModelError, fsdp_refusal, primal_sources, rebind, trace, training_inputs,
+from monet.frontend import (ShardedModelError, fsdp_refusal, primal_sources, rebind, trace, tracing, training_inputs,
                             cache_owner)
 from monet.graph import portable_summary
 from monet import compat, mixed_precision
@@ -84,7 +84,7 @@ class ScheduledModule(nn.Module):
         if traced is not None:
             return traced(*inputs.args, **inputs.kwargs)
         traced = self._trace(inputs, autocast, key)
-        with compat.eager_backward_autocast():  # the first call traces
+        with tracing():  # the first call traces
             out = traced(*inputs.args, **inputs.kwargs)
         if len(self._traces) >= MAX_TRACES:  # e.g. an epoch's last, smaller batch: kept, the next epoch needs it
             self._traces.pop(next(iter(self._traces)))

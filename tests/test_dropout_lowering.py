@@ -163,3 +163,19 @@ def test_the_executor_recomputes_the_lowered_forward_with_its_draws(monkeypatch)
     assert len(calls) == 2 + recomputed  # two dropouts in the forward pass, then each recomputation
     assert torch.equal(got[0], plain[0]) and torch.equal(got[2], plain[2])
     assert all(torch.equal(a, b) for a, b in zip(got[1], plain[1]))
+
+
+def test_rewritten_joint_graphs_generate_their_code_when_read():
+    """The capture's joint graph and the lowered copy are read, not run: their Python code is made
+    when it is read (`monet.frontend.tracing`, `monet.compat.lazy_graph_module`), and then it is
+    the rewritten graph's: eager's bf16 dropout scale, the lowered kernels."""
+    graph = capture(_model(), torch.randn(8, 16), autocast_dtype=torch.bfloat16)
+    scales = {n.args[2] for n in graph.joint.graph.nodes if n.target is aten.native_dropout_backward.default
+              and n.args[0].meta["val"].dtype == torch.bfloat16}
+    assert scales == {dropout.eager_scale(0.1, torch.bfloat16), dropout.eager_scale(0.3, torch.bfloat16)}
+    low = lower_for_device(graph)
+    # no code made yet (a GraphModule keeps its generated code as ``_code``)
+    assert "_code" not in vars(graph.joint) and "_code" not in vars(low.joint)
+    assert all(repr(s) in graph.joint.code for s in scales)  # the code says what the graph holds
+    assert "dropout_backward_cpu" in low.joint.code and "native_dropout_backward" not in low.joint.code
+    assert "native_dropout_backward" in graph.joint.code  # the capture's graph is not modified

@@ -196,10 +196,12 @@ def swap(graph: fx.Graph, old: fx.Node, fn, args=None, kwargs=None) -> fx.Node:
 
 
 def _copy(joint: fx.GraphModule) -> fx.GraphModule:
+    """A copy of the joint graph to rewrite: read, never run, so its code is not generated
+    (`monet.compat.lazy_graph_module`)."""
     g = fx.Graph()
     out = g.graph_copy(joint.graph, {})
     g.output(out)
-    return fx.GraphModule(joint, g)
+    return compat.lazy_graph_module(joint, g)
 
 
 def _anchor(graph: OpGraph, key: str) -> str:
