@@ -32,7 +32,9 @@ Rows (`ROWS`): the demo's quarter-width ResNet-50 (``monet demo``: batch 64, 3x6
 ResNet-50 and MobileNetV2 at `benchmarks/bench.py`'s CPU configurations and at batch 2 (where the
 per-node cost shows), the reach suite's tiny GPT-2 (transformers) at batch 16 and 2, the depth
 benchmark's GPT-2, Llama and BERT with 24 layers (``benchmarks/depth.py``: hidden 256, 2 x 256
-tokens; the deep-network goal of issue 40 is the same 2 %); on CUDA
+tokens; the deep-network goal of issue 40 is the same 2 %), and GPT-2 and BERT at 4, 16, 48 and 96
+layers (the tax against depth; ``--bf16`` runs them under bf16 autocast, as the depth benchmark's
+bf16 rows train); on CUDA
 MONeT's ResNet-50 (batch 184, 3x224x224), the same at batch 16 and 3x64x64 (the GPU's first
 session's small case), MobileNetV2 at batch 64 and the tiny GPT-2.  Progress goes to stderr, the
 table (markdown) to stdout.
@@ -88,7 +90,7 @@ ROWS: dict[str, Case] = {c.label: c for c in (
     Case("llama-24-layers", "depth/llama", 2, "cpu", layers=24),
     Case("bert-24-layers", "depth/bert", 2, "cpu", layers=24),
     # the tax against depth (per layer, not per iteration: `monet.profiling.shallow.carried_record`)
-    *(Case(f"{m}-{n}-layers", f"depth/{m}", 2, "cpu", layers=n) for m in ("gpt2", "bert") for n in (4, 16)),
+    *(Case(f"{m}-{n}-layers", f"depth/{m}", 2, "cpu", layers=n) for m in ("gpt2", "bert") for n in (4, 16, 48, 96)),
     Case("cuda-resnet50-b184", "zoo/resnet50", 184, "cuda", (3, 224, 224), {}),
     Case("cuda-resnet50-b16", "zoo/resnet50", 16, "cuda", (3, 64, 64), {}),
     Case("cuda-demo", "zoo/resnet50", 64, "cuda", (3, 64, 64), QUARTER),
@@ -126,10 +128,11 @@ def _on(device: str, model, inputs):
     return model.to(device), ExampleInputs.of(inputs).to(device)
 
 
-def phase_step(model, inputs, clock, into: list) -> None:
-    """`monet.profiling.check.training_step` (gradients set to None, forward, loss, backward) with
-    ``clock`` read after its loss: appends ``(forward seconds, backward seconds)`` to ``into``, the
-    forward pass with its loss."""
+def phase_step(model, inputs, clock, into: list, autocast=None) -> None:
+    """`monet.profiling.check.training_step` (gradients set to None, forward, loss, backward; the
+    forward under ``autocast``, a `monet.mixed_precision` setting) with ``clock`` read after its
+    loss: appends ``(forward seconds, backward seconds)`` to ``into``, the forward pass with its
+    loss."""
     from monet.profiling.check import loss_of, training_step
 
     marks = [clock()]
@@ -139,13 +142,14 @@ def phase_step(model, inputs, clock, into: list) -> None:
         marks.append(clock())
         return loss
 
-    training_step(model, inputs, loss_fn=loss_then_mark)
+    training_step(model, inputs, loss_fn=loss_then_mark, autocast=autocast)
     into.append((marks[1] - marks[0], clock() - marks[1]))
 
 
-def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_counter) -> Result:
+def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_counter, bf16: bool = False) -> Result:
     """Time ``case``: plain PyTorch and MONeT keeping everything, alternately (module docstring),
-    with ``clock`` (wall time, or ``time.process_time``: ``--clock cpu``)."""
+    with ``clock`` (wall time, or ``time.process_time``: ``--clock cpu``); ``bf16``: each forward
+    pass under bf16 autocast on ``case.device``, the graph captured so (``--bf16``)."""
     from monet.capture import capture
     from monet.inputs import ExampleInputs
     from monet.plan import WithLoss
@@ -167,14 +171,15 @@ def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_coun
         inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
     model, inputs = _on(case.device, model, inputs)
     t0 = time.perf_counter()
-    graph = capture(model, inputs)
+    amp = (case.device, "bfloat16") if bf16 else None
+    graph = capture(model, inputs, autocast_dtype=torch.bfloat16 if bf16 else None)
     res.nodes, res.inputs = f"{len(graph.fwd)}+{len(graph.bwd)}", inputs.describe()
     monet = keep_all(model, inputs, graph, costs_for(graph, analytic_costs(graph)))
     _log(f"{case.label}: {inputs.describe()} on {case.device}, {res.nodes} nodes, captured in "
          f"{time.perf_counter() - t0:.1f} s")
     phases = ([], [])  # (forward s, backward s) of each call, plain PyTorch's and MONeT's
-    plain_step, monet_step = (lambda: phase_step(model, inputs, clock, phases[0])), \
-        (lambda: phase_step(monet, inputs, clock, phases[1]))
+    plain_step, monet_step = (lambda: phase_step(model, inputs, clock, phases[0], amp)), \
+        (lambda: phase_step(monet, inputs, clock, phases[1], amp))
     for _ in range(WARMUP):
         plain_step()
         monet_step()
@@ -240,6 +245,9 @@ def parse_args(argv=None):
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time (default), or this process's CPU time (time.process_time; CPU rows only), "
                         "which other jobs on a shared machine move less")
+    p.add_argument("--bf16", action="store_true",
+                   help="each forward pass under bf16 autocast (the backward outside it, as the AMP recipe "
+                        "runs it), the graph captured so")
     p.add_argument("--no-lowering", action="store_true",
                    help="run the executor without the CPU's fp32 dropout lowering "
                         "(monet.impls.dropout.lower_dropout: forward and backward), to set it against the default")
@@ -286,7 +294,7 @@ def main(argv=None) -> int:
     for name in names:
         case = ROWS[name]
         try:
-            results.append(measure(case, args.pairs, args.target_s, clock))
+            results.append(measure(case, args.pairs, args.target_s, clock, args.bf16))
         except Exception as e:  # noqa: BLE001 - a failed row is a row, the others still run
             results.append(Result(case, error=bench.error_text(e)))
             _log(f"{name} failed: {results[-1].error}")
@@ -296,7 +304,7 @@ def main(argv=None) -> int:
     print(f"Executor tax (MONeT keeping everything vs plain PyTorch), torch {torch.__version__}, "
           f"{info['CPU']}, {info['torch threads']} threads" + (f", {info['GPU']}" if "GPU" in info else "")
           + f", {args.clock} clock" + (", without the CPU dropout lowering" if args.no_lowering else "")
-          + (", out of place" if args.out_of_place else "")
+          + (", out of place" if args.out_of_place else "") + (", bf16 autocast" if args.bf16 else "")
           + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {time.time() - started:.0f} s")
     print()
     print(table(results))

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from monet.capture import capture
 from monet.impls import dropout, lower_for_device
+from monet.impls.registry import fake_value
 from monet.profiling.check import output_grad
 from monet.schedule import schedule_from_matrices
 from monet.wrapper import scheduled_module
@@ -87,6 +88,10 @@ def test_lowering_keeps_ids_fingerprint_and_memory():
         assert (a.id, a.out_bytes) == (b.id, b.out_bytes)
     for a, b in zip(graph.fwd, low.fwd):
         assert (a.id, a.out_bytes, a.saved_bytes) == (b.id, b.out_bytes, b.saved_bytes)
+    for n in low.joint.graph.nodes:  # each lowered node keeps the traced value: it is what the kernel returns
+        if n.target in (dropout.dropout_forward_cpu, dropout.dropout_backward_cpu):
+            traced, kept = (torch.utils._pytree.tree_leaves(v) for v in (fake_value(n.target, n.args), n.meta["val"]))
+            assert [(t.shape, t.dtype, t.stride()) for t in traced] == [(t.shape, t.dtype, t.stride()) for t in kept]
     plain = capture(nn.Sequential(nn.Linear(16, 4)), x)
     assert lower_for_device(plain) is plain
 

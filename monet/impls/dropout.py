@@ -152,8 +152,9 @@ def lower_dropout(graph: fx.Graph) -> int:
     """Rewrite ``graph`` (a joint FX graph, in place) to run each ``native_dropout`` of a CPU fp32,
     bf16 or fp16 tensor as `dropout_forward_cpu` and each ``native_dropout_backward`` of one as
     `dropout_backward_cpu`, where the result is laid out as the traced node's (the forward's input's,
-    the backward's mask's strides).  One node stays one node, with its name, arguments and users
-    (`monet.impls.registry.lower_for_device`).  Returns how many it rewrote."""
+    the backward's mask's strides).  One node stays one node, with its name, arguments, users and
+    traced value (the same shapes, dtypes and strides: not traced again), as
+    `monet.impls.registry.lower_for_device` needs.  Returns how many it rewrote."""
     from monet.impls.registry import swap
 
     count = 0
@@ -161,10 +162,10 @@ def lower_dropout(graph: fx.Graph) -> int:
         if node.op != "call_function":
             continue
         if node.target is aten.native_dropout.default and _on_cpu(node, _LOWERED_DTYPES, node.args[0], node.args[0]):
-            swap(graph, node, dropout_forward_cpu)
+            swap(graph, node, dropout_forward_cpu, val=node.meta["val"])
         elif (node.target is aten.native_dropout_backward.default and _on_cpu(node, _LOWERED_DTYPES, *node.args[:2])
               and node.args[1].meta["val"].dtype == torch.bool):
-            swap(graph, node, dropout_backward_cpu)
+            swap(graph, node, dropout_backward_cpu, val=node.meta["val"])
         else:
             continue
         count += 1

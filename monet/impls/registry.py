@@ -118,16 +118,19 @@ def fake_value(fn, args, kwargs=None):
         return fn(*vals[0], **vals[1])
 
 
-def replace(graph: fx.Graph, old: fx.Node, fn, args, kwargs=None, n_outputs: int | None = None) -> list[fx.Node]:
+def replace(graph: fx.Graph, old: fx.Node, fn, args, kwargs=None, n_outputs: int | None = None,
+            val=None) -> list[fx.Node]:
     """Put ``fn(*args)`` where ``old`` is and return its output nodes (getitems for a tuple).
 
     The new node takes ``old``'s position (so node ids do not move), its stack trace and a traced
-    value.  The caller rewires users (`rewire`) and erases ``old``.
+    value: ``val`` where the caller knows it (a rewrite whose result is the old node's, shapes,
+    dtypes and strides), else ``fn`` run on the arguments' traced values (`fake_value`: about a
+    millisecond per node).  The caller rewires users (`rewire`) and erases ``old``.
     """
     with graph.inserting_before(old):
         new = graph.call_function(fn, tuple(args), kwargs or {})
         new.meta = {k: v for k, v in old.meta.items() if k != "val"}
-        new.meta["val"] = fake_value(fn, args, kwargs)
+        new.meta["val"] = fake_value(fn, args, kwargs) if val is None else val
     if n_outputs is None:
         return [new]
     outs = []
@@ -182,9 +185,11 @@ def unused():
     return None
 
 
-def swap(graph: fx.Graph, old: fx.Node, fn, args=None, kwargs=None) -> fx.Node:
-    """Replace ``old`` by ``fn(*args)`` (default: ``old``'s own arguments), same users; returns it."""
-    new = replace(graph, old, fn, old.args if args is None else args, old.kwargs if kwargs is None else kwargs)[0]
+def swap(graph: fx.Graph, old: fx.Node, fn, args=None, kwargs=None, val=None) -> fx.Node:
+    """Replace ``old`` by ``fn(*args)`` (default: ``old``'s own arguments), same users; returns it.
+    ``val``: the new node's traced value where the caller knows it (`replace`)."""
+    new = replace(graph, old, fn, old.args if args is None else args, old.kwargs if kwargs is None else kwargs,
+                  val=val)[0]
     old.replace_all_uses_with(new)
     graph.erase_node(old)
     return new
