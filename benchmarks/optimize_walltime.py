@@ -17,8 +17,9 @@ on this CPU once per model and cached (``--cache-dir``): the first time limit's 
 costing, later rows read the cache (the table says which); ``--fresh`` starts each model from an
 empty cache, as on a machine that has not costed it before.  The deep networks of issue 40 are
 `DEEP`'s configurations (``gpt2-96``: transformers' GPT-2 with 96 layers, hidden 256, 2 x 256
-tokens; ``resnet50-b16``: torchvision's ResNet-50 at batch 16, 3x128x128; ``densenet121``: at
-batch 2, 3x64x64), held against ``2 x T`` for the whole call (column "within 2T").
+tokens; ``gpt2-small``: GPT-2 small's size, 12 layers, hidden 768, 2 x 512 tokens, vocab 50257;
+``resnet50-b16``: torchvision's ResNet-50 at batch 16, 3x128x128; ``densenet121``: at batch 2,
+3x64x64), held against ``2 x T`` for the whole call (column "within 2T").
 
 Each model runs in a process of its own (Dynamo's caches and the allocator start clean).  Writes a
 markdown section "## monet.optimize: wall time against time_limit" into ``--out`` (replacing the
@@ -43,7 +44,8 @@ SECTION = "## monet.optimize: wall time against time_limit"
 
 #: deep-network configurations: name -> (builder, arguments)
 DEEP = {"gpt2-96": ("depth", ("gpt2", 96)), "llama-96": ("depth", ("llama", 96)), "bert-96": ("depth", ("bert", 96)),
-        "gpt2-48": ("depth", ("gpt2", 48)), "resnet50-b16": ("torchvision", ("resnet50", 16, 128)),
+        "gpt2-48": ("depth", ("gpt2", 48)), "gpt2-small": ("depth", ("gpt2", 12, 768, 512, 2, 50257)),
+        "resnet50-b16": ("torchvision", ("resnet50", 16, 128)),
         "densenet121": ("torchvision", ("densenet121", 2, 64))}
 
 
@@ -58,7 +60,7 @@ def build_deep(name: str):
         sys.path.insert(0, str(ROOT / "benchmarks"))
         import depth
 
-        model, inputs = depth.build(args[0], args[1], 256, 256, 2, 1024)
+        model, inputs = depth.build(*args, *(256, 256, 2, 1024)[len(args) - 2:])  # hidden, seq, batch, vocab
         return model, inputs, None, None
     from reach_models import declare_torchvision_ops
 
@@ -98,7 +100,6 @@ def gradients_against_plain(plan, solution, model, inputs, target) -> str:
     same weights (copies) and seed: ``bitwise`` or the largest relative difference
     (`depth.gradients`, `depth.grad_cell`)."""
     import copy
-    import contextlib
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import depth
@@ -111,9 +112,10 @@ def gradients_against_plain(plan, solution, model, inputs, target) -> str:
     if target is not None:
         inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
     base = (lambda m: m.model if isinstance(m, WithLoss) else m)
-    ours = depth.gradients(wrapper, inputs, contextlib.nullcontext, base(wrapper.model))
+    amp = plan.graph.autocast  # each forward pass as the graph was captured (None: no autocast)
+    ours = depth.gradients(wrapper, inputs, amp, base(wrapper.model))
     reference = copy.deepcopy(plain)
-    return depth.grad_cell(ours, depth.gradients(reference, inputs, contextlib.nullcontext, base(reference)))
+    return depth.grad_cell(ours, depth.gradients(reference, inputs, amp, base(reference)))
 
 
 def one(name: str, limits: list[float], cache_dir: str, budget: str = "50%", check_grads: bool = False) -> list[dict]:

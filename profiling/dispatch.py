@@ -95,7 +95,9 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
                        repeats: int | None = None, warmup: int = WARMUP) -> dict:
     """Median seconds of training iterations on the CPU: Chen's sqrt(n) schedule (``M``,
     `monet.solver.chen`), MONeT's executor keeping everything and plain PyTorch, interleaved in
-    `FACTOR_ROUNDS` rounds (`timed_rounds`).  ``K`` (keeping everything) and ``P`` (plain) are
+    `FACTOR_ROUNDS` rounds (`timed_rounds`), or fewer turns and rounds where those would take more
+    than `MEASURE_S` seconds (`turn_plan`, from the last warm-up turn's seconds: a model of
+    iterations of seconds is timed in about a minute).  ``K`` (keeping everything) and ``P`` (plain) are
     paired estimates over the turns of every round (`paired_estimates`); ``M`` and ``K2`` (keeping
     everything) are the medians of the round with the median ``M - K2`` (`median_of_rounds`).  An
     iteration is forward, `monet.profiling.check.loss_of` of the output, backward
@@ -107,8 +109,9 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
         inputs: an `monet.inputs.ExampleInputs` (or what `ExampleInputs.of` takes).
         graph, table: the captured graph and its cost table (the schedules' recomputation is
             costed from it).
-        repeats: timed iterations per side (>= 1; None: from `REPEATS` to `MAX_REPEATS`, about
-            `TARGET_S` seconds per side); warmup: discarded ones before them (>= 0).
+        repeats: timed iterations per side and round (>= 1; None: from `REPEATS` to `MAX_REPEATS`,
+            about `TARGET_S` seconds per side; either cut by `turn_plan`); warmup: discarded ones
+            before them (>= 0; the last of them is timed, for `turn_plan`).
 
     Returns:
         ``executor_iteration_s`` (K), ``plain_iteration_s`` (P), ``chen_iteration_s`` (M),
@@ -134,9 +137,14 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     chen = timed_executor(model, chen_solution, graph)
     amp = graph.autocast  # each forward pass under it, as the graph was captured (`check.training_step`)
     with restored(model):
-        repeats = warm_up((keep, chen), model, inputs, repeats, warmup, amp)
+        # plain PyTorch warmed up too: a round without a discarded turn starts at its third iteration,
+        # as the executors' (a 12-layer GPT-2 small's second plain iteration took 1.2x its later ones)
+        warm_up((keep, chen, model), model, inputs, 1, max(warmup - 1, 0), amp)
+        # the last warm-up turn, timed: the turn's seconds set how many turns are timed (`turn_plan`)
+        turn = [iteration_s(m, inputs, amp) for m in (chen, keep, model)]
+        count, repeats, discard = turn_plan(sum(turn), repeats or repeats_for(turn[2]))
         # one set of rounds for both: Chen's schedule, the executor keeping everything, plain PyTorch
-        rounds = timed_rounds((chen, keep, model), inputs, repeats, autocast=amp)
+        rounds = timed_rounds((chen, keep, model), inputs, repeats, count, autocast=amp, discard=discard)
         # K paired with P, as the calibration sets a schedule against plain PyTorch (`paired_medians`):
         # P times the median of K / P over the turns of every round.  From one round of its own (5
         # pairs where an iteration takes a second) one 24-layer GPT-2 costing read K / P 1.205 where
@@ -150,16 +158,47 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
                 chen_recomputations=chen_solution.schedule.recompute_count())
 
 
-def timed_rounds(modules, inputs, repeats: int, rounds: int | None = None, autocast=None) -> list[np.ndarray]:
+def timed_rounds(modules, inputs, repeats: int, rounds: int | None = None, autocast=None,
+                 discard: int = 1) -> list[np.ndarray]:
     """Seconds of training iterations of each of ``modules``, interleaved on the CPU in ``rounds``
-    rounds (None: `FACTOR_ROUNDS`) of ``repeats`` turns each, one discarded per side first: one
+    rounds (None: `FACTOR_ROUNDS`) of ``repeats`` turns each, ``discard`` turns untimed first: one
     ``(len(modules), repeats)`` array per round, column i from turn i.  Each forward pass under
     ``autocast`` (`check.training_step`).  The caller warms them up and holds `restored`."""
     from monet.profiling.check import interleaved_times_of, training_step
 
     steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in modules]
-    return [np.asarray(interleaved_times_of(steps, repeats, 1, "cpu"), dtype=float)
+    return [np.asarray(interleaved_times_of(steps, repeats, discard, "cpu"), dtype=float)
             for _ in range(max(1, int(rounds or FACTOR_ROUNDS)))]
+
+
+def turn_plan(turn_s: float, repeats: int) -> tuple[int, int, int]:
+    """``(rounds, repeats, discard)`` for `timed_rounds` in `measure_iterations`, from one turn's
+    seconds ``turn_s`` (an iteration of each side) and the turns a round would time (``repeats``):
+    `FACTOR_ROUNDS` rounds of ``repeats`` turns after one discarded, where they fit in
+    `MEASURE_S`; else as many rounds of at least `REPEATS` turns as fit; else one round of the
+    turns that fit, at least `MIN_TURNS`, none discarded (the warm-up just ran)."""
+    if FACTOR_ROUNDS * (repeats + 1) * turn_s <= MEASURE_S:
+        return FACTOR_ROUNDS, repeats, 1
+    fit = int(MEASURE_S // max(turn_s, 1e-9))
+    rounds = min(FACTOR_ROUNDS, fit // (REPEATS + 1))
+    if rounds >= 1:
+        return rounds, fit // rounds - 1, 1
+    return 1, max(MIN_TURNS, fit), 0
+
+
+def iteration_s(module: nn.Module, inputs, autocast=None) -> float:
+    """Seconds of one training iteration of ``module`` (`check.training_step`, wall time)."""
+    from monet.profiling.check import training_step
+
+    t0 = time.perf_counter()
+    training_step(module, inputs, autocast=autocast)
+    return time.perf_counter() - t0
+
+
+def repeats_for(reference_s: float) -> int:
+    """Timed iterations per side for an iteration of ``reference_s`` seconds: about `TARGET_S`
+    seconds, from `REPEATS` to `MAX_REPEATS`."""
+    return max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(reference_s, 1e-6))))
 
 
 def median_of_rounds(rounds: list[np.ndarray]) -> tuple[float, float]:
@@ -204,11 +243,7 @@ def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: 
     for _ in range(warmup):
         for m in modules:
             training_step(m, inputs, autocast=autocast)
-    if repeats is not None:
-        return repeats
-    t0 = time.perf_counter()
-    training_step(reference, inputs, autocast=autocast)
-    return max(REPEATS, min(MAX_REPEATS, int(TARGET_S / max(time.perf_counter() - t0, 1e-6))))
+    return repeats if repeats is not None else repeats_for(iteration_s(reference, inputs, autocast))
 
 
 def keep_all(model: nn.Module, inputs, graph: OpGraph, table) -> nn.Module:
@@ -279,6 +314,11 @@ FACTOR_MIN, FACTOR_MAX, FACTOR_FLOOR = 0.5, 1.5, 0.05
 #: the factor's: one round measured ShuffleNetV2's factor 0.68 and, another day, 0.93, and the 0.68
 #: put its 50 % schedule 25 points under the measured overhead (BENCHMARKS.md, "Recompute factor")
 FACTOR_ROUNDS = 3
+#: seconds of timed turns (every side, every round) `measure_iterations` aims at, and the fewest
+#: turns it times: `FACTOR_ROUNDS` rounds of `REPEATS` turns of a 12-layer GPT-2 small (hidden 768,
+#: 2 x 512 tokens, a plain iteration 4.5 s on 2 cores) took 310 s of its 392 s of costs; where
+#: they do not fit, fewer turns and rounds (`turn_plan`)
+MEASURE_S, MIN_TURNS = 60.0, 4
 
 
 def between_operators_s(executor_s: float, table: pd.DataFrame) -> float:
@@ -356,6 +396,7 @@ def write_record(record: dict, cache_path: Path) -> dict:
 FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "operators_s", "operator_scale",
           "recompute_factor")
 
-__all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "REPEATS", "TARGET_S", "WARMUP",
+__all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "MEASURE_S", "MIN_TURNS",
+           "REPEATS", "TARGET_S", "WARMUP", "iteration_s", "repeats_for", "turn_plan",
            "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_of_rounds", "paired_estimates", "paired_medians", "timed_rounds", "warm_up",
            "measure_variant", "restored", "write_record"]

@@ -273,3 +273,44 @@ def test_interleaved_times_take_the_clock_given():
                                  clock=lambda: next(ticks))
     assert times == [[2, 2, 2], [2, 2, 2]]
     assert calls == ["a", "b"] * 4
+
+
+def test_turn_plan_times_long_iterations_in_about_measure_s():
+    """`turn_plan`: short iterations keep `FACTOR_ROUNDS` rounds of their turns; iterations of
+    seconds are timed in fewer turns and rounds that fit in `MEASURE_S` (a 12-layer GPT-2 small's
+    54 iterations took 310 s), never under `MIN_TURNS` turns."""
+    from monet.profiling.dispatch import FACTOR_ROUNDS, MEASURE_S, MIN_TURNS, REPEATS, turn_plan
+
+    assert turn_plan(0.1, REPEATS) == (FACTOR_ROUNDS, REPEATS, 1)
+    for turn_s in (0.5, 1.0, 3.5, 5.0, 10.0, 17.0, 60.0, 300.0):
+        rounds, repeats, discard = turn_plan(turn_s, REPEATS)
+        turns = rounds * (repeats + discard)
+        assert rounds >= 1 and repeats >= MIN_TURNS
+        assert turns * turn_s <= MEASURE_S or (rounds, discard, repeats) == (1, 0, MIN_TURNS)
+        if rounds > 1 or discard:
+            assert repeats >= REPEATS  # a round of its own pairs, as before
+    assert turn_plan(17.0, REPEATS) == (1, MIN_TURNS, 0)  # GPT-2 small: 4 turns, 68 s
+    assert turn_plan(3.5, REPEATS) == (2, 7, 1)  # a 24-layer model: 16 turns, 14 timed
+
+
+def test_measure_iterations_times_one_round_where_iterations_take_seconds(monkeypatch):
+    """With a turn of 20 s (the timed warm-up turn), one round of `MIN_TURNS` turns is timed, none
+    discarded, and K, P, M come from it."""
+    from monet.profiling import check, dispatch
+
+    calls = []
+
+    def times(steps, repeats, warmup, device):
+        calls.append((repeats, warmup))
+        return [[1.5] * repeats, [1.1] * repeats, [1.0] * repeats]
+
+    monkeypatch.setattr(check, "interleaved_times_of", times)
+    monkeypatch.setattr(dispatch, "iteration_s", lambda m, inputs, autocast=None: 20 / 3)
+    model = bn_net()
+    x = torch.randn(2, 3, 8, 8)
+    graph = capture(model, x)
+    measured = measure_iterations(model, x, graph, analytic_table(graph))
+    assert calls == [(dispatch.MIN_TURNS, 0)]
+    assert measured["plain_iteration_s"] == 1.0
+    assert measured["executor_iteration_s"] == pytest.approx(1.1)
+    assert (measured["chen_iteration_s"], measured["chen_executor_s"]) == (1.5, 1.1)
