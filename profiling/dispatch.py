@@ -175,14 +175,14 @@ def turn_plan(turn_s: float, repeats: int) -> tuple[int, int, int]:
     """``(rounds, repeats, discard)`` for `timed_rounds` in `measure_iterations`, from one turn's
     seconds ``turn_s`` (an iteration of each side) and the turns a round would time (``repeats``):
     `FACTOR_ROUNDS` rounds of ``repeats`` turns after one discarded, where they fit in
-    `MEASURE_S`; else as many rounds of at least `REPEATS` turns as fit; else one round of the
-    turns that fit, at least `MIN_TURNS`, none discarded (the warm-up just ran)."""
+    `MEASURE_S`; else `FACTOR_ROUNDS` rounds of the turns that fit, where that is at least
+    `MIN_TURNS` a round (never two rounds: `median_of_rounds` has no middle one); else one round
+    of the turns that fit, at least `MIN_TURNS`, none discarded (the warm-up just ran)."""
     if FACTOR_ROUNDS * (repeats + 1) * turn_s <= MEASURE_S:
         return FACTOR_ROUNDS, repeats, 1
     fit = int(MEASURE_S // max(turn_s, 1e-9))
-    rounds = min(FACTOR_ROUNDS, fit // (REPEATS + 1))
-    if rounds >= 1:
-        return rounds, fit // rounds - 1, 1
+    if fit >= FACTOR_ROUNDS * (MIN_TURNS + 1):
+        return FACTOR_ROUNDS, fit // FACTOR_ROUNDS - 1, 1
     return 1, max(MIN_TURNS, fit), 0
 
 
