@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -141,8 +140,8 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
         # as the executors' (a 12-layer GPT-2 small's second plain iteration took 1.2x its later ones)
         warm_up((keep, chen, model), model, inputs, 1, max(warmup - 1, 0), amp)
         # the last warm-up turn, timed: the turn's seconds set how many turns are timed (`turn_plan`)
-        turn = [iteration_s(m, inputs, amp) for m in (chen, keep, model)]
-        count, repeats, discard = turn_plan(sum(turn), repeats or repeats_for(turn[2]))
+        (turn,) = timed_rounds((chen, keep, model), inputs, 1, 1, autocast=amp, discard=0)
+        count, repeats, discard = turn_plan(float(turn.sum()), repeats or repeats_for(float(turn[2, 0])))
         # one set of rounds for both: Chen's schedule, the executor keeping everything, plain PyTorch
         rounds = timed_rounds((chen, keep, model), inputs, repeats, count, autocast=amp, discard=discard)
         # K paired with P, as the calibration sets a schedule against plain PyTorch (`paired_medians`):
@@ -184,15 +183,6 @@ def turn_plan(turn_s: float, repeats: int) -> tuple[int, int, int]:
     if fit >= FACTOR_ROUNDS * (MIN_TURNS + 1):
         return FACTOR_ROUNDS, fit // FACTOR_ROUNDS - 1, 1
     return 1, max(MIN_TURNS, fit), 0
-
-
-def iteration_s(module: nn.Module, inputs, autocast=None) -> float:
-    """Seconds of one training iteration of ``module`` (`check.training_step`, wall time)."""
-    from monet.profiling.check import training_step
-
-    t0 = time.perf_counter()
-    training_step(module, inputs, autocast=autocast)
-    return time.perf_counter() - t0
 
 
 def repeats_for(reference_s: float) -> int:
@@ -243,7 +233,10 @@ def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: 
     for _ in range(warmup):
         for m in modules:
             training_step(m, inputs, autocast=autocast)
-    return repeats if repeats is not None else repeats_for(iteration_s(reference, inputs, autocast))
+    if repeats is not None:
+        return repeats
+    (once,) = timed_rounds((reference,), inputs, 1, 1, autocast=autocast, discard=0)
+    return repeats_for(float(once[0, 0]))
 
 
 def keep_all(model: nn.Module, inputs, graph: OpGraph, table) -> nn.Module:
@@ -397,6 +390,6 @@ FIELDS = ("between_operators_s", "executor_iteration_s", "plain_iteration_s", "o
           "recompute_factor")
 
 __all__ = ["FACTOR_FLOOR", "FACTOR_MAX", "FACTOR_MIN", "FACTOR_ROUNDS", "FIELDS", "MAX_REPEATS", "MEASURE_S", "MIN_TURNS",
-           "REPEATS", "TARGET_S", "WARMUP", "iteration_s", "repeats_for", "turn_plan",
+           "REPEATS", "TARGET_S", "WARMUP", "repeats_for", "turn_plan",
            "recompute_factor", "between_operators_s", "iteration_record", "operator_scale", "keep_all", "measure_iterations", "median_of_rounds", "paired_estimates", "paired_medians", "timed_rounds", "warm_up",
            "measure_variant", "restored", "write_record"]

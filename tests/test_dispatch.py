@@ -199,7 +199,8 @@ def test_chen_rounds_give_the_median_round_and_k_is_paired_over_all_of_them(monk
 
     assert FACTOR_ROUNDS == 3
     # three rounds of three turns: (M, K, P) per turn; M - K medians .5, .1, .3
-    rounds = iter([[[1.5, 1.5, 1.5], [1.0, 2.0, 1.0], [0.9, 1.0, 1.0]],
+    rounds = iter([[[0.1], [0.1], [0.1]],  # the timed warm-up turn: the three rounds fit (`turn_plan`)
+                   [[1.5, 1.5, 1.5], [1.0, 2.0, 1.0], [0.9, 1.0, 1.0]],
                    [[1.1, 1.1, 1.1], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]],
                    [[1.3, 1.3, 1.3], [1.0, 1.0, 1.1], [1.0, 1.0, 1.0]]])
     monkeypatch.setattr(check, "interleaved_times_of", lambda steps, *a, **k: len(steps) == 3 and next(rounds))
@@ -302,10 +303,11 @@ def test_measure_iterations_times_one_round_where_iterations_take_seconds(monkey
 
     def times(steps, repeats, warmup, device):
         calls.append((repeats, warmup))
+        if len(calls) == 1:  # the timed warm-up turn: 20 s
+            return [[20 / 3]] * 3
         return [[1.5] * repeats, [1.1] * repeats, [1.0] * repeats]
 
     monkeypatch.setattr(check, "interleaved_times_of", times)
-    monkeypatch.setattr(dispatch, "iteration_s", lambda m, inputs, autocast=None: 20 / 3)
     warmed = []
     monkeypatch.setattr(dispatch, "warm_up", lambda modules, ref, inputs, repeats, warmup, autocast=None:
                         warmed.extend(modules) or repeats)
@@ -313,7 +315,7 @@ def test_measure_iterations_times_one_round_where_iterations_take_seconds(monkey
     x = torch.randn(2, 3, 8, 8)
     graph = capture(model, x)
     measured = measure_iterations(model, x, graph, analytic_table(graph))
-    assert calls == [(dispatch.MIN_TURNS, 0)]
+    assert calls == [(1, 0), (dispatch.MIN_TURNS, 0)]  # the timed warm-up turn, then one round
     # no turn discarded: plain PyTorch is warmed up with the executors (its second iteration was slow)
     assert len(warmed) == 3 and any(m is model for m in warmed)
     assert measured["plain_iteration_s"] == 1.0
