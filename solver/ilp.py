@@ -129,7 +129,7 @@ def allowed(graph: OpGraph, mem: MemoryModel, mode: str = "normal", prune: bool 
     N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
     gnode = mem.group_node
     anc = ancestors(graph)
-    rt, rg, ro = mem.reads[:, 0], mem.reads[:, 1], mem.reads[:, 2]
+    rt, rg = mem.reads[:, 0], mem.reads[:, 1]
     reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g (under some option)
     reads[rt, rg] = True
     # stage t may need node i (read, or an ancestor of a read)
@@ -989,6 +989,200 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
     return int(np.ceil(peak)), proven, S, R, M, lower
 
 
+@dataclass
+class _Relaxed:
+    """The LP relaxation of a `solve_ilp`: its bound (model units; None when not solved, or not in
+    time), the fractional S and M it found (roundings for the MIP start and the repair fallback),
+    and, at full scale, the thread it runs in."""
+
+    lp: float | None = None
+    frac_s: np.ndarray | None = None
+    frac_m: np.ndarray | None = None
+    background: Future | None = None
+
+
+def _relax(graph: OpGraph, mem: MemoryModel, recompute_s, limit: float, mode: str, time_limit: float,
+           large: bool) -> _Relaxed:
+    """The LP relaxation: a bound, and roundings for the MIP start and for the repair fallback.  At
+    full scale (``large``) it runs in a thread next to the local search (12-27 s on ResNet-50 at
+    batch 184, 91,000 columns), and its roundings are not used (the search beat them): `_collect`
+    takes its bound; below, it may use all of the limit but 1 s."""
+    if large:
+        return _Relaxed(background=relaxation_in_background(graph, mem, recompute_s, limit, mode, time_limit - 5.0))
+    return _Relaxed(*lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit - 1.0)))
+
+
+def _collect(relaxed: _Relaxed, deadline: float) -> bool:
+    """Take the bound of a relaxation run in the background (`_relax`), waited for until
+    ``deadline`` (`time.perf_counter` seconds); False where there is none to wait for."""
+    if relaxed.background is None:
+        return False
+    relaxed.lp, _, _ = relaxation_result(relaxed.background, deadline)
+    return True
+
+
+def _show_relaxation(progress, lp: float | None, constant_s: float, t0: float, waited: bool) -> None:
+    """The progress line of the LP relaxation: its bound (seconds, ``constant_s`` included), or,
+    for one ``waited`` for in the background, that it had no answer in time."""
+    if progress is not None and (lp is not None or waited):
+        text = "no answer in time" if lp is None else f"bound {lp + constant_s:.6g} s"
+        progress(f"  LP relaxation: {text} ({time.perf_counter() - t0:.1f} s)")
+
+
+def _polish_until(t0: float, time_limit: float, large: bool) -> float:
+    """When the local search's improvement of the start stops (`time.perf_counter` seconds).
+
+    It runs until a fifth of the limit (at least 2 s) is left for CBC: at full scale (more than
+    `LARGE` variables, an iterated search) CBC finds no better schedule, so the improved start is
+    the answer; on small graphs the descent ends at once and CBC proves the optimum.  And it gets
+    at least a quarter of the limit, even when the LP relaxation took all of it (the demo's
+    ResNet-50 under load: its schedule was then an unimproved checkpoint set, +63 %)."""
+    return max(t0 + time_limit - (1.5 if large else max(2.0, 0.2 * time_limit)),
+               time.perf_counter() + 0.25 * time_limit)
+
+
+def _mip(problem: cp.Problem, start, large: bool, n_vars: int, solver: str, time_limit: float, verbose: bool,
+         gap_abs: float, progress, constant_s: float, shown_start: float | None) -> _Run:
+    """CBC (or ``solver``) from ``start`` (`_start`'s answer or None) in ``time_limit`` seconds.
+
+    Not run above `LARGE` variables: CBC did not answer within a minute at that size (ResNet-50 at
+    batch 184, 60,000-91,000 variables: preprocessing alone outlasted every share of the limit), so
+    the local search's schedule stands, with the LP relaxation's bound; without one (nothing
+    repaired fits: GPT-2 below 52 % of its plain peak, where CBC ran 6-24 s for nothing), the repair
+    fallback and the smallest-budget search answer (`_fallback`).  ``shown_start``: the start's
+    objective as the progress line shows it (seconds)."""
+    if large:
+        if progress is not None and shown_start is not None:
+            progress(f"  {n_vars} variables: {solver.upper()} skipped, the local search's schedule stands "
+                     f"({shown_start:.6g} s)")
+        return _Run(cp.USER_LIMIT, None, 0.0, [])
+    return _solve(problem, solver, time_limit, verbose, start=None if start is None else start[0],
+                  gap_abs=gap_abs, progress=progress, shown_offset=constant_s)
+
+
+@dataclass
+class _Chosen:
+    """The schedule `solve_ilp` returns: S (T, G) kept groups, R (T, N) recomputations, M (O,) the
+    chosen implementation options (None without options), O (G,) offloaded groups (None: the
+    schedule's effective ones), how it was found beyond the solver (``"+repair"``, ``"+start"``)
+    and whether it is a heuristic's (no proof from the solver)."""
+
+    S: np.ndarray
+    R: np.ndarray
+    M: np.ndarray | None = None
+    O: np.ndarray | None = None
+    via: str = ""
+    heuristic: bool = False
+
+
+def _from_solver(P: Problem, graph: OpGraph, mem: MemoryModel, frac_s, recompute_s, budget: int,
+                 peak_of) -> _Chosen | None:
+    """The solver's integer schedule, if it has one the simulator (``peak_of``) fits in ``budget``
+    (the ILP's memory bounds the simulator's, tested, but a schedule is only returned once the
+    simulator agrees); replaced by a repaired rounding of the LP relaxation (``frac_s``) that the
+    simulator fits and that recomputes less (the ILP's memory, an upper bound, may have rejected it).
+    None without one."""
+    if not P.integral():
+        return None
+    S, R = P.matrices()
+    M, O = P.chosen_options(), P.chosen_offload()
+    with_o = {} if O is None else {"O": O}
+    if peak_of is not None and (peak_of(S, R, **with_o) if M is None else peak_of(S, R, M, **with_o)) > budget:
+        return None
+    if M is not None:
+        return _Chosen(S, R, M, O)
+    alt = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, peak_of or mem.peak)
+    if alt is not None and (alt[2] + _offload_s(mem, alt[0], alt[1])
+                            < float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0))
+                            + _offload_s(mem, S, R, O) - 1e-12):
+        return _Chosen(alt[0], alt[1], via="+repair", heuristic=True)
+    return _Chosen(S, R, None, O)
+
+
+def _fallback(P: Problem, graph: OpGraph, mem: MemoryModel, start, frac_s, recompute_s, budget: int,
+              mode: str, solver: str, time_limit: float, verbose: bool, peak_of, smallest: bool,
+              large: bool) -> _Chosen | None:
+    """A schedule where the solver has no integer one that fits: infeasible for the ILP's
+    (pessimistic) memory, or stopped by its time limit.  With implementation options: the improved
+    start with PyTorch's implementations, else None (the caller, `solver.portfolio.solve_full`,
+    fixes the implementations and repairs).  Without: the cheapest of the repaired roundings of
+    the LP relaxation (`solver.repair`) whose simulated peak fits and the improved start, else the
+    smallest-budget schedule.
+
+    Raises:
+        InfeasibleBudgetError: nothing fits (the smallest feasible budget named when ``smallest``).
+    """
+    if mem.n_options:
+        if start is None:
+            return None
+        return _Chosen(start[3], start[4], mem.default_options() > 0.5, via="+start", heuristic=True)
+    # at full scale the start's search saw these candidates already (by the ILP's memory) and took
+    # all of the limit: simulating them again took 12 s past it on a 24-layer GPT-2
+    best = (None if large and start is not None else
+            round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, peak_of or mem.peak))
+    if start is not None and (best is None or start[1] < best[2]):  # the improved start
+        best = (start[3], start[4], start[1])
+    if best is None and not smallest:
+        raise InfeasibleBudgetError(int(budget), None, mode)
+    if best is None:
+        least, proven, S_min, R_min, _, lower = solve_min_budget(graph, mem, mode, solver, time_limit, verbose, peak_of)
+        if least > budget:
+            raise InfeasibleBudgetError(int(budget), least, mode, exact=proven, lower_bytes=lower)
+        best = (S_min, R_min, None)
+    return _Chosen(best[0], best[1], via="+repair", heuristic=True)
+
+
+def _no_integer(P: Problem, run: _Run, relaxed: _Relaxed, constant_s: float, solver: str, n_vars: int,
+                n_cons: int) -> ILPResult:
+    """The answer with implementation options and no integer schedule: the implementations the LP
+    relaxation leans to (CBC's values when it has some), and the bound (the LP relaxation's or
+    CBC's), which still bounds the joint problem for the caller (`solver.portfolio.solve_full`)."""
+    frac = (relaxed.frac_m if P.m is None or P.m.value is None
+            else np.clip(np.asarray(P.m.value, dtype=float), 0, 1))
+    bound = None if run.bound is None else run.bound + constant_s
+    return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=bound, gap=None, status="no_integer",
+                     solve_time_s=run.seconds, build_time_s=P.build_time_s, n_variables=int(n_vars),
+                     n_constraints=int(n_cons), solver=solver.upper(), M=frac, history=run.history)
+
+
+def _offloads(mem: MemoryModel, chosen: _Chosen, budget: int, time_limit: float) -> np.ndarray | None:
+    """The groups ``chosen`` offloads: the ILP's, or for a heuristic's schedule its effective ones,
+    less those the budget does not need (in the ILP's memory, which bounds the simulator's)."""
+    if mem.offload is None or chosen.O is not None:
+        return chosen.O
+    S, R = chosen.S, chosen.R
+    O = mem.offload.effective(S, R)
+    return mem.offload.trimmed(O, lambda O2: mem.peak(S, R, O=O2) <= budget,
+                               time.perf_counter() + max(1.0, 0.05 * time_limit))
+
+
+def _objective_s(P: Problem, problem: cp.Problem, mem: MemoryModel, chosen: _Chosen, start, recompute_s,
+                 constant_s: float) -> float:
+    """Seconds of ``chosen``: its recomputation (and offload) time, its implementations' time where
+    it has options (the start's: its recomputation plus PyTorch's implementations; the solver's: the
+    ILP's objective), plus ``constant_s``."""
+    if chosen.M is not None and chosen.heuristic:
+        return start[1] + float(P.opt_time @ chosen.M) + constant_s
+    if chosen.M is not None:
+        return float(problem.value) + constant_s
+    return (float(np.asarray(recompute_s, dtype=float) @ chosen.R.sum(axis=0)) + constant_s
+            + _offload_s(mem, None, chosen.R, chosen.O))
+
+
+def _proof(obj: float, status: str, run_bound: float | None, constant_s: float, gap: float) -> tuple:
+    """(bound s, gap found, `ILPResult.status`) of a schedule of ``obj`` seconds: proven optimal,
+    within ``gap``, stopped by the time limit, or a heuristic's (``status`` the solver's, or
+    ``"heuristic"``; ``run_bound`` the solver's or the LP relaxation's bound, model units)."""
+    optimal = status == cp.OPTIMAL
+    if optimal:
+        return obj, 0.0, "optimal"
+    bound = None if run_bound is None else run_bound + constant_s
+    found = None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0
+    if status == "heuristic":
+        return bound, found, "heuristic"
+    return bound, found, "gap" if found is not None and found <= gap else "time_limit"
+
+
 def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget: int, mode: str = "normal",
               solver: str = "CBC", time_limit: float = 60.0, constant_s: float = 0.0,
               verbose: bool = False, peak_of=None, gap: float = 0.0, progress=None,
@@ -997,6 +1191,9 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
 
     The solve is started from the cheapest repaired checkpoint schedule whose ILP memory fits
     (`_start`), so a solve stopped by its time limit returns at least that schedule, with its gap.
+    In order: the LP relaxation (`_relax`), the start improved by local search (`_start`, until
+    `_polish_until`), the MIP solver (`_mip`), the schedule (`_from_solver`, else `_fallback`),
+    its offloads (`_offloads`), its seconds and proof (`_objective_s`, `_proof`).
 
     Args:
         recompute_s: (N,) seconds to recompute each forward node.
@@ -1031,148 +1228,38 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
         return _search_only(graph, mem, allow_s, recompute_s, budget, mode, solver, time_limit, constant_s,
                             peak_of, progress, smallest, t0)
     P = Problem(graph, mem, recompute_s, mode)
-    objective = P.time_objective()
     # 1e-6 below the budget: solvers accept violations up to their tolerance
     limit = float(budget) - 1e-6 * P.scale
-    cons = P.cons + P.memory_constraints(limit)
-    problem = cp.Problem(cp.Minimize(objective), cons)
+    problem = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(limit))
     n_vars = sum(v.size for v in problem.variables())
     n_cons = sum(c.size for c in problem.constraints)
-    lp, frac_s, frac_m = (None, None, None)
     large = n_vars > LARGE  # see LARGE
-    background = None
-    if mode != "none" and relaxation:
-        # the LP relaxation: a bound, and roundings for the MIP start and for the repair fallback.
-        # At full scale it runs in a thread next to the local search (12-27 s on ResNet-50 at batch
-        # 184, 91,000 columns), and its roundings are not used (the search beat them); below, it
-        # may use all of the limit but 1 s
-        if large:
-            background = relaxation_in_background(graph, mem, recompute_s, limit, mode, time_limit - 5.0)
-        else:
-            lp, frac_s, frac_m = lp_relaxation(graph, mem, recompute_s, limit, mode, max(1.0, time_limit - 1.0))
-            if progress is not None and lp is not None:
-                progress(f"  LP relaxation: bound {lp + constant_s:.6g} s ({time.perf_counter() - t0:.1f} s)")
-    # local search improves the start until a fifth of the limit (at least 2 s) is left for CBC: at
-    # full scale (> LARGE variables, an iterated search) CBC finds no better schedule, so the
-    # improved start is the answer; on small graphs the descent ends at once and CBC proves the
-    # optimum
-    # ... and at least a quarter of the limit, even when the LP relaxation took all of it (the
-    # demo's ResNet-50 under load: its schedule was then an unimproved checkpoint set, +63 %)
-    polish = max(t0 + time_limit - (1.5 if large else max(2.0, 0.2 * time_limit)),
-                 time.perf_counter() + 0.25 * time_limit)
-    start = (_start(P, graph, mem, recompute_s, limit, frac_s, polish, iterate=large)
-             if mode != "none" else None)
-    if background is not None:
-        lp, _, _ = relaxation_result(background, t0 + time_limit)
-        if progress is not None:
-            progress("  LP relaxation: " + ("no answer in time" if lp is None else f"bound {lp + constant_s:.6g} s")
-                     + f" ({time.perf_counter() - t0:.1f} s)")
-    if large:
-        # CBC did not answer within a minute at this size (ResNet-50 at batch 184, 60,000-91,000
-        # variables: preprocessing alone outlasted every share of the limit), so no MIP solver is
-        # run and the local search's schedule stands, with the LP relaxation's bound; without one
-        # (nothing repaired fits: GPT-2 below 52 % of its plain peak, where CBC ran 6-24 s for
-        # nothing), the repair fallback below and the smallest-budget search answer
-        run = _Run(cp.USER_LIMIT, None, 0.0, [])
-        if progress is not None and start is not None:
-            shown = start[1] + constant_s + (float(P.opt_time @ mem.default_options()) if mem.n_options else 0.0)
-            progress(f"  {n_vars} variables: {solver.upper()} skipped, the local search's schedule stands "
-                     f"({shown:.6g} s)")
-    else:
-        remaining = max(1.0, time_limit - (time.perf_counter() - t0))
-        run = _solve(problem, solver, remaining, verbose, start=None if start is None else start[0],
-                     gap_abs=gap * constant_s, progress=progress, shown_offset=constant_s)
-    if lp is not None and (run.bound is None or run.bound < lp):
-        run.bound = lp
-    t_solve = run.seconds
-    status = run.status
-    solver_name = solver.upper()
-    M = O = None  # O: the ILP's offloaded groups; None: the schedule's effective ones (solver.offload)
-    integral = P.integral()
-    if integral:
-        S, R = P.matrices()
-        M = P.chosen_options()
-        O = P.chosen_offload()
-        # safety net: the ILP's memory bounds the simulator's (tested), but a schedule is only
-        # returned once the simulator agrees it fits
-        with_o = {} if O is None else {"O": O}
-        if peak_of is not None and (peak_of(S, R, **with_o) if M is None else peak_of(S, R, M, **with_o)) > budget:
-            integral, M, O = False, None, None
-    if integral and M is None:
-        # a repaired rounding of the LP that the simulator finds within budget (the ILP's memory is
-        # an upper bound, so it may reject it) replaces a slower ILP schedule
-        fit = peak_of or mem.peak
-        alt = round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit)
-        if alt is not None and (alt[2] + _offload_s(mem, alt[0], alt[1])
-                                < float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0))
-                                + _offload_s(mem, S, R, O) - 1e-12):
-            S, R, _ = alt
-            O = None
-            solver_name += "+repair"
-            status = "heuristic"
-    if integral:
-        pass
-    elif mem.n_options and start is not None:
-        # no integer schedule from CBC: the improved start, with PyTorch's implementations
-        S, R, M = start[3], start[4], mem.default_options() > 0.5
-        solver_name += "+start"
-        status = "heuristic"
-    elif mem.n_options:
-        # the caller (solver.portfolio.solve_full) fixes the implementations and repairs
-        # the implementations the LP relaxation leans to (CBC's values when it has some)
-        frac = frac_m if P.m is None or P.m.value is None else np.clip(np.asarray(P.m.value, dtype=float), 0, 1)
-        # the bound (LP relaxation's, or CBC's) still bounds the joint problem for the caller
-        bound = None if run.bound is None else run.bound + constant_s
-        return ILPResult(S=None, R=None, objective_s=float("nan"), bound_s=bound, gap=None, status="no_integer",
-                         solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
-                         n_constraints=int(n_cons), solver=solver.upper(), M=frac, history=run.history)
-    else:
-        # Infeasible for the ILP's (pessimistic) memory, or stopped by the time limit without an
-        # integer schedule: round and repair (solver.repair), keep the cheapest candidate whose
-        # simulated peak fits, else the smallest-budget one.
-        fit = peak_of or mem.peak
-        # at full scale the start's search saw these candidates already (by the ILP's memory) and
-        # took all of the limit: simulating them again took 12 s past it on a 24-layer GPT-2
-        best = (None if large and start is not None else
-                round_and_repair(graph, mem, frac_s, P.allow_s, float(budget), recompute_s, fit))
-        if start is not None and (best is None or start[1] < best[2]):  # the improved start
-            best = (start[3], start[4], start[1])
-        if best is None and not smallest:
-            raise InfeasibleBudgetError(int(budget), None, mode)
-        if best is None:
-            least, proven, S_min, R_min, _, lower = solve_min_budget(graph, mem, mode, solver, time_limit, verbose,
-                                                                     peak_of)
-            if least > budget:
-                raise InfeasibleBudgetError(int(budget), least, mode, exact=proven, lower_bytes=lower)
-            best = (S_min, R_min, None)
-        S, R, _ = best
-        solver_name += "+repair"
-        status = "heuristic"
+
+    relaxed = _relax(graph, mem, recompute_s, limit, mode, time_limit, large) \
+        if mode != "none" and relaxation else _Relaxed()
+    _show_relaxation(progress, relaxed.lp, constant_s, t0, waited=False)
+    start = (_start(P, graph, mem, recompute_s, limit, relaxed.frac_s, _polish_until(t0, time_limit, large),
+                    iterate=large) if mode != "none" else None)
+    if _collect(relaxed, t0 + time_limit):
+        _show_relaxation(progress, relaxed.lp, constant_s, t0, waited=True)
+    shown_start = (None if start is None else
+                   start[1] + constant_s + (float(P.opt_time @ mem.default_options()) if mem.n_options else 0.0))
+    run = _mip(problem, start, large, n_vars, solver, max(1.0, time_limit - (time.perf_counter() - t0)), verbose,
+               gap * constant_s, progress, constant_s, shown_start)
+    if relaxed.lp is not None and (run.bound is None or run.bound < relaxed.lp):
+        run.bound = relaxed.lp
+    chosen = _from_solver(P, graph, mem, relaxed.frac_s, recompute_s, budget, peak_of)
+    if chosen is None:
+        chosen = _fallback(P, graph, mem, start, relaxed.frac_s, recompute_s, budget, mode, solver, time_limit,
+                           verbose, peak_of, smallest, large)
+        if chosen is None:
+            return _no_integer(P, run, relaxed, constant_s, solver, n_vars, n_cons)
     if mode == "none":
-        S = S | P.allow_s
-    if mem.offload is not None and O is None:  # a heuristic schedule: its effective offloads, less
-        # those the budget does not need (in the ILP's memory, which bounds the simulator's)
-        O = mem.offload.effective(S, R)
-        O = mem.offload.trimmed(O, lambda O2: mem.peak(S, R, O=O2) <= budget,
-                                time.perf_counter() + max(1.0, 0.05 * time_limit))
-    S = mem.group_to_node(S)
-    if status == "heuristic" and M is not None:  # the start: recomputation + PyTorch's implementations
-        obj = start[1] + float(P.opt_time @ M) + constant_s
-    elif M is not None:  # recomputation + chosen implementations, as the ILP counts it
-        obj = float(problem.value) + constant_s
-    else:
-        obj = float(np.asarray(recompute_s, dtype=float) @ R.sum(axis=0)) + constant_s + _offload_s(mem, None, R, O)
-    optimal = status == cp.OPTIMAL
-    bound = obj if optimal else (None if run.bound is None else run.bound + constant_s)
-    if bound is not None:
-        bound = min(bound, obj) if optimal else bound
-    gap_found = 0.0 if optimal else (None if bound is None else max(0.0, (obj - bound) / obj) if obj > 0 else 0.0)
-    if optimal:
-        kind = "optimal"
-    elif status == "heuristic":
-        kind = "heuristic"
-    else:
-        kind = "gap" if gap_found is not None and gap_found <= gap else "time_limit"
-    return ILPResult(S=S, R=R, M=M, O=O, objective_s=obj, bound_s=bound, gap=gap_found, status=kind,
-                     solve_time_s=t_solve, build_time_s=P.build_time_s, n_variables=int(n_vars),
-                     n_constraints=int(n_cons), solver=solver_name, history=run.history)
+        chosen.S = chosen.S | P.allow_s
+    chosen.O = _offloads(mem, chosen, budget, time_limit)
+    obj = _objective_s(P, problem, mem, chosen, start, recompute_s, constant_s)
+    bound, gap_found, kind = _proof(obj, "heuristic" if chosen.heuristic else run.status, run.bound, constant_s, gap)
+    return ILPResult(S=mem.group_to_node(chosen.S), R=chosen.R, M=chosen.M, O=chosen.O, objective_s=obj,
+                     bound_s=bound, gap=gap_found, status=kind, solve_time_s=run.seconds,
+                     build_time_s=P.build_time_s, n_variables=int(n_vars), n_constraints=int(n_cons),
+                     solver=solver.upper() + chosen.via, history=run.history)
