@@ -70,11 +70,184 @@ def is_symbolic(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), _SYMBOLIC_TYPES)
 
 
+class _BackwardEmitter:
+    """The state of one `emit_backward`: the backward FX graph being written (``body``), its
+    placeholders and the saved values they stand for, the forward values each stage can read
+    (``available``: forward node id -> joint name -> body node) and the values every stage can
+    (``permanent``: primals, tangents, backward values and their views)."""
+
+    def __init__(self, graph: OpGraph, schedule: Schedule):
+        self.graph, self.schedule = graph, schedule
+        self.nodes = _by_name(graph.joint)
+        self.fwd_of = graph.fwd_node_of()
+        self.body = fx.Graph()
+        self.placeholders: dict[str, fx.Node] = {}
+        self.saved: list[str] = []
+        self.permanent: dict[str, fx.Node] = {}
+        self.stage, self.reader = -1, ""  # the stage being emitted and the node reading, for errors
+        self.steps = schedule.steps()
+        # forward values kept from the forward pass become placeholders when first read
+        self.kept_from_forward = {s.node for s in self.steps if s.kind == KEEP and s.stage == FORWARD}
+        self.available: dict[int, dict[str, fx.Node]] = {i: {} for i in self.kept_from_forward}
+        # offloaded values (`monet.offload`): a host placeholder and the copy back at the start of
+        # their prefetch stage, if the schedule still keeps their node then
+        self.offloaded = {s.value for s in self.steps if s.kind == OFFLOAD}
+        self.prefetch_stage = {s.value: s.stage for s in self.steps if s.kind == PREFETCH}
+        self.prefetched: dict[str, fx.Node] = {}
+
+    def placeholder(self, name: str):
+        """The body's placeholder of joint value ``name`` (saved unless a tangent), or the value
+        itself where it is a Python constant (`is_constant`)."""
+        node = self.nodes[name]
+        if is_constant(node):  # the same in every run: a constant of the backward graph
+            return node.meta["val"]
+        if name not in self.placeholders:
+            p = self.body.placeholder(name)
+            p.meta = dict(node.meta)
+            self.placeholders[name] = p
+            if not name.startswith(TANGENT):
+                self.saved.append(name)
+        return self.placeholders[name]
+
+    def owner_id(self, n: fx.Node) -> int | None:
+        """The forward node whose value ``n`` is (or is a view of), or None."""
+        r = self.nodes[self.graph.alias_root.get(n.name, n.name)]
+        if r.op == "call_function" and r.target is operator.getitem:
+            r = r.args[0]
+        return self.fwd_of.get(r.name)
+
+    def lookup(self, n: fx.Node) -> fx.Node:
+        """The body node that stands for joint node ``n`` where the current stage reads it.
+
+        Raises:
+            ScheduleError: ``n`` is a forward value the schedule neither keeps nor recomputes here.
+        """
+        if n.name in self.permanent:
+            return self.permanent[n.name]
+        fid = self.owner_id(n)
+        if fid is not None:
+            return self._forward_value(n, fid)
+        if n.op == "placeholder":
+            self.permanent[n.name] = self.placeholder(n.name)
+        elif n.op == "get_attr":  # a constant lifted into the graph (Swin's relative position index ...)
+            self.permanent[n.name] = self.body.node_copy(n)
+        elif is_alias(n):  # view of a primal, tangent or backward value
+            self.permanent[n.name] = self.body.node_copy(n, self.lookup)
+        else:
+            raise ScheduleError(f"{n.name} is read before it is computed")
+        return self.permanent[n.name]
+
+    def _forward_value(self, n: fx.Node, fid: int) -> fx.Node:
+        """`lookup` of a value of forward node ``fid``: recomputed in this stage, kept (a saved
+        placeholder, or the copy back of an offloaded value), or a view of either."""
+        env = self.available.get(fid)
+        if env is None:
+            raise ScheduleError(
+                f"backward stage {self.stage}: {self.reader} reads {n.name} (forward node {fid}, "
+                f"{self.graph.fwd[fid].op}) but the schedule neither keeps nor recomputes it: keep forward "
+                f"node {fid} or recompute it earlier in the stage")
+        if n.name in env:
+            return env[n.name]
+        if fid in self.kept_from_forward and n.name in self.graph.fwd[fid].saved:
+            if n.name in self.offloaded:  # on the host until its prefetch stage (`monet.offload`)
+                if n.name not in self.prefetched:
+                    raise ScheduleError(f"backward stage {self.stage}: {self.reader} reads {n.name}, "
+                                        f"which the schedule offloads to the host until stage "
+                                        f"{self.prefetch_stage.get(n.name, len(self.schedule.stages))}")
+                env[n.name] = self.body.call_function(offload_ops.fetched, (self.prefetched[n.name],))
+                env[n.name].meta = {"val": self.nodes[n.name].meta.get("val"), "monet": ("offload", fid)}
+            else:  # a kept value: saved by the forward only if some stage reads it
+                env[n.name] = self.placeholder(n.name)
+            return env[n.name]
+        if is_alias(n):  # a view of a kept value: recreate it (no memory)
+            env[n.name] = self.body.node_copy(n, self.lookup)
+            return env[n.name]
+        # an output of a kept node that was not kept: a schedule error
+        raise ScheduleError(f"backward stage {self.stage}: {self.reader} reads {n.name}, which "
+                            f"forward node {fid} ({self.graph.fwd[fid].op}) does not keep")
+
+    def replay_random(self, n: fx.Node, arg) -> fx.Node:
+        """Random op ``n`` again, drawing from the generator state the forward pass saved before it
+        ran (`monet.rng`), which it saves as ``STATE_PREFIX + n.name``."""
+        name = STATE_PREFIX + n.name
+        device = random_op_device(n)
+        if name not in self.placeholders:
+            p = self.body.placeholder(name)
+            p.meta = {"val": state_meta(device)}
+            self.placeholders[name] = p
+            self.saved.append(name)
+        copy = self.body.call_function(Replay(n.target, device),
+                                       (self.placeholders[name],) + tuple(fx.map_arg(n.args, arg)),
+                                       dict(fx.map_arg(n.kwargs, arg)))
+        copy.meta = dict(n.meta)
+        return copy
+
+    def prefetch(self, v: str) -> None:
+        """The copy back of offloaded value ``v`` from the host, if its node is still kept."""
+        fid = self.owner_id(self.nodes[v])
+        if fid in self.kept_from_forward and not is_constant(self.nodes[v]):
+            host = self.placeholder(v)
+            host.meta["monet_host"] = True
+            val = self.nodes[v].meta["val"]
+            self.prefetched[v] = self.body.call_function(offload_ops.prefetch,
+                                                         (host, tuple(val.shape), val.dtype, str(val.device)))
+            self.prefetched[v].meta = {"val": val, "monet": ("offload", fid)}
+
+    def recompute(self, i: int) -> None:
+        """Forward node ``i`` again (each recomputed value a fresh node), readable from here on."""
+        fnode = self.graph.fwd[i]
+        self.reader = f"recomputing forward node {i} ({fnode.op})"
+        env: dict[str, fx.Node] = {}
+
+        def arg(a: fx.Node) -> fx.Node:
+            return env[a.name] if a.name in env else self.lookup(a)
+
+        for name in fnode.fx_names:
+            if fnode.random and name == fnode.name:
+                copy = self.replay_random(self.nodes[name], arg)
+            else:
+                copy = self.body.node_copy(self.nodes[name], arg)
+            copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
+            env[name] = copy
+        self.available[i] = env
+        self.kept_from_forward.discard(i)
+
+    def backward(self, t: int) -> None:
+        """Backward node ``t`` (its values readable by every later stage)."""
+        bnode = self.graph.bwd[t]
+        self.reader = f"backward node {bnode.id} ({bnode.op})"
+        for name in bnode.fx_names:
+            copy = self.body.node_copy(self.nodes[name], self.lookup)
+            copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
+            self.permanent[name] = copy
+
+    def free(self, i: int) -> None:
+        """Forward node ``i``'s values are not read after this point."""
+        self.available.pop(i, None)
+        self.kept_from_forward.discard(i)
+
+    def finish(self) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
+        """`emit_backward`'s answer: prefetches nothing read dropped (their node recomputed where
+        it is read: neither offloaded nor saved), the parameter gradients as the output."""
+        for v, copy in self.prefetched.items():
+            if not copy.users:
+                host = copy.args[0]
+                self.body.erase_node(copy)
+                self.body.erase_node(host)
+                self.saved.remove(v)
+                del self.placeholders[v]
+        out = next(n for n in self.graph.joint.graph.nodes if n.op == "output")
+        self.reader = "the parameter gradients' output"
+        grads = list(out.args[0])[self.graph.num_fwd_outputs:]
+        self.body.output(tuple(self.lookup(g) if isinstance(g, fx.Node) else g for g in grads))
+        return self.body, self.saved, self.placeholders
+
+
 def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """Build the backward FX graph of `schedule` and list the forward tensors it needs saved.
 
     It reads the schedule's steps (`Schedule.steps`): the forward pass's keeps, and each stage's
-    prefetches, recomputations, backward node and frees, in order.
+    prefetches, recomputations, backward node and frees, in order (`_BackwardEmitter`).
 
     Returns:
         (body, saved, placeholders): ``body`` has one placeholder per name in ``saved`` plus the
@@ -91,157 +264,14 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
     in the forward pass (`monet.rng`): ``saved`` then also names that state, as
     ``monet.rng.STATE_PREFIX`` + the op's FX name, and ``placeholders`` maps it.
     """
-    joint = graph.joint
-    nodes = _by_name(joint)
-    fwd_of = graph.fwd_node_of()
-    root = graph.alias_root
-    body = fx.Graph()
-    placeholders: dict[str, fx.Node] = {}
-    saved: list[str] = []
-    available: dict[int, dict[str, fx.Node]] = {}  # forward node id -> joint name -> body node
-    permanent: dict[str, fx.Node] = {}  # primals, tangents, backward values and their views
-    stage_of = {"t": -1, "by": ""}  # the stage being emitted and the node reading
-
-    def placeholder(name: str):
-        if is_constant(nodes[name]):  # the same in every run: a constant of the backward graph
-            return nodes[name].meta["val"]
-        if name not in placeholders:
-            p = body.placeholder(name)
-            p.meta = dict(nodes[name].meta)
-            placeholders[name] = p
-            if not name.startswith(TANGENT):
-                saved.append(name)
-        return placeholders[name]
-
-    def owner_id(n: fx.Node) -> int | None:
-        r = root.get(n.name, n.name)
-        rn = nodes[r]
-        if rn.op == "call_function" and rn.target is operator.getitem:
-            rn = rn.args[0]
-        return fwd_of.get(rn.name)
-
-    def lookup(n: fx.Node) -> fx.Node:
-        if n.name in permanent:
-            return permanent[n.name]
-        fid = owner_id(n)
-        if fid is not None:
-            env = available.get(fid)
-            if env is None:
-                raise ScheduleError(
-                    f"backward stage {stage_of['t']}: {stage_of['by']} reads {n.name} (forward node {fid}, "
-                    f"{graph.fwd[fid].op}) but the schedule neither keeps nor recomputes it: keep forward "
-                    f"node {fid} or recompute it earlier in the stage")
-            if n.name in env:
-                return env[n.name]
-            if fid in kept_from_forward and n.name in graph.fwd[fid].saved:
-                if n.name in offloaded:  # on the host until its prefetch stage (`monet.offload`)
-                    if n.name not in prefetched:
-                        raise ScheduleError(f"backward stage {stage_of['t']}: {stage_of['by']} reads {n.name}, "
-                                            f"which the schedule offloads to the host until stage "
-                                            f"{prefetch_stage.get(n.name, len(schedule.stages))}")
-                    env[n.name] = body.call_function(offload_ops.fetched, (prefetched[n.name],))
-                    env[n.name].meta = {"val": nodes[n.name].meta.get("val"), "monet": ("offload", fid)}
-                    return env[n.name]
-                # a kept value: saved by the forward only if some stage reads it
-                env[n.name] = placeholder(n.name)
-                return env[n.name]
-            if is_alias(n):  # a view of a kept value: recreate it (no memory)
-                env[n.name] = body.node_copy(n, lookup)
-                return env[n.name]
-            # an output of a kept node that was not kept: a schedule error
-            raise ScheduleError(f"backward stage {stage_of['t']}: {stage_of['by']} reads {n.name}, which "
-                                f"forward node {fid} ({graph.fwd[fid].op}) does not keep")
-        if n.op == "placeholder":
-            permanent[n.name] = placeholder(n.name)
-            return permanent[n.name]
-        if n.op == "get_attr":  # a constant lifted into the graph (Swin's relative position index ...)
-            permanent[n.name] = body.node_copy(n)
-            return permanent[n.name]
-        if is_alias(n):  # view of a primal, tangent or backward value
-            permanent[n.name] = body.node_copy(n, lookup)
-            return permanent[n.name]
-        raise ScheduleError(f"{n.name} is read before it is computed")
-
-    def replay_random(n: fx.Node, arg) -> fx.Node:
-        # the op again, drawing from the generator state the forward pass saved before it
-        name = STATE_PREFIX + n.name
-        device = random_op_device(n)
-        if name not in placeholders:
-            p = body.placeholder(name)
-            p.meta = {"val": state_meta(device)}
-            placeholders[name] = p
-            saved.append(name)
-        copy = body.call_function(Replay(n.target, device), (placeholders[name],) + tuple(fx.map_arg(n.args, arg)),
-                                  dict(fx.map_arg(n.kwargs, arg)))
-        copy.meta = dict(n.meta)
-        return copy
-
-    schedule_steps = schedule.steps()
-    # forward values kept from the forward pass become placeholders when first read
-    kept_from_forward = {s.node for s in schedule_steps if s.kind == KEEP and s.stage == FORWARD}
-    for i in kept_from_forward:
-        available[i] = {}
-    # offloaded values (`monet.offload`): a host placeholder and the copy back at the start of
-    # their prefetch stage, if the schedule still keeps their node then
-    offloaded = {s.value for s in schedule_steps if s.kind == OFFLOAD}
-    prefetch_stage = {s.value: s.stage for s in schedule_steps if s.kind == PREFETCH}
-    prefetched: dict[str, fx.Node] = {}
-
-    for step in schedule_steps:
-        if step.stage == FORWARD:
-            continue
-        stage_of["t"] = step.stage
-        if step.kind == PREFETCH:
-            v = step.value
-            fid = owner_id(nodes[v])
-            if fid in kept_from_forward and not is_constant(nodes[v]):
-                host = placeholder(v)
-                host.meta["monet_host"] = True
-                val = nodes[v].meta["val"]
-                prefetched[v] = body.call_function(offload_ops.prefetch,
-                                                   (host, tuple(val.shape), val.dtype, str(val.device)))
-                prefetched[v].meta = {"val": val, "monet": ("offload", fid)}
-        elif step.kind == RECOMPUTE:
-            i = step.node
-            fnode = graph.fwd[i]
-            stage_of["by"] = f"recomputing forward node {i} ({fnode.op})"
-            env: dict[str, fx.Node] = {}
-
-            def arg(a: fx.Node, env=env) -> fx.Node:
-                return env[a.name] if a.name in env else lookup(a)
-
-            for name in fnode.fx_names:
-                if fnode.random and name == fnode.name:
-                    copy = replay_random(nodes[name], arg)
-                else:
-                    copy = body.node_copy(nodes[name], arg)
-                copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
-                env[name] = copy
-            available[i] = env
-            kept_from_forward.discard(i)
-        elif step.kind == BACKWARD:
-            bnode = graph.bwd[step.node]
-            stage_of["by"] = f"backward node {bnode.id} ({bnode.op})"
-            for name in bnode.fx_names:
-                copy = body.node_copy(nodes[name], lookup)
-                copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
-                permanent[name] = copy
-        elif step.kind == FREE:
-            available.pop(step.node, None)
-            kept_from_forward.discard(step.node)
-
-    for v, copy in prefetched.items():
-        if not copy.users:  # never read (its node recomputed where it is read): not offloaded, not saved
-            host = copy.args[0]
-            body.erase_node(copy)
-            body.erase_node(host)
-            saved.remove(v)
-            del placeholders[v]
-    out = next(n for n in joint.graph.nodes if n.op == "output")
-    stage_of["by"] = "the parameter gradients' output"
-    grads = list(out.args[0])[graph.num_fwd_outputs:]
-    body.output(tuple(lookup(g) if isinstance(g, fx.Node) else g for g in grads))
-    return body, saved, placeholders
+    emitter = _BackwardEmitter(graph, schedule)
+    emit = {PREFETCH: lambda s: emitter.prefetch(s.value), RECOMPUTE: lambda s: emitter.recompute(s.node),
+            BACKWARD: lambda s: emitter.backward(s.node), FREE: lambda s: emitter.free(s.node)}
+    for step in emitter.steps:
+        if step.stage != FORWARD and step.kind in emit:
+            emitter.stage = step.stage
+            emit[step.kind](step)
+    return emitter.finish()
 
 
 def check_steps(graph: OpGraph, schedule: Schedule) -> None:
