@@ -325,49 +325,33 @@ def _summary_line(node: fx.Node, index: dict[str, int]) -> str:
     return f"{node.op} {op_name(node) if node.op == 'call_function' else node.target} ({args};{kwargs}) -> {shapes}"
 
 
-def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dict[str, str],
-                  autocast=None) -> OpGraph:
-    """Turn an AOTAutograd joint graph into an `OpGraph`.
-
-    Args:
-        joint: the joint forward+backward graph (``partition_fn``'s first argument); every node
-            carries ``meta["val"]`` (fake tensors with shapes and dtypes).
-        num_fwd_outputs: number of forward outputs at the front of the joint output list.
-        primal_kinds: placeholder name -> "param" | "buffer" | "input".
-        autocast: the autocast setting the joint graph was traced under (None, or
-            ``(device_type, dtype)``, see `monet.mixed_precision`); the trace already holds its
-            casts, this records it in the summary and the fingerprint.
-
-    Raises:
-        ValueError: if a node has no traced shape (``meta["val"]``), which the memory model needs.
-    """
-    graph = joint.graph
-    nodes = list(graph.nodes)
-    index = {n.name: i for i, n in enumerate(nodes)}
-    placeholders = [n for n in nodes if n.op == "placeholder"]
-    out_node = next(n for n in nodes if n.op == "output")
-    outs = list(out_node.args[0])
-    fwd_outs = [o for o in outs[:num_fwd_outputs] if isinstance(o, fx.Node)]
-
-    # Forward region: ancestors of the forward outputs that do not depend on tangents.
-    fwd_set: set[str] = set()
+def _forward_region(fwd_outs: list[fx.Node]) -> set[str]:
+    """The names of the forward region: the ancestors of the forward outputs (which do not depend
+    on tangents), placeholders excepted."""
+    region: set[str] = set()
     stack = list(fwd_outs)
     while stack:
         n = stack.pop()
-        if n.name in fwd_set or n.op == "placeholder":
+        if n.name in region or n.op == "placeholder":
             continue
-        fwd_set.add(n.name)
-        stack.extend(a for a in n.all_input_nodes)
+        region.add(n.name)
+        stack.extend(n.all_input_nodes)
+    return region
 
-    # Storage roots: every alias maps to the value that owns its storage.
+
+def _storage(nodes: list[fx.Node]) -> tuple[dict[str, str], dict[str, Value]]:
+    """(alias root of every placeholder and op: the value that owns its storage; the values that
+    own storage, by name).  A multi-output op's tuple node has no storage of its own; its getitems
+    do.
+
+    Raises:
+        ValueError: an op without a traced shape (``meta["val"]``)."""
     alias_root: dict[str, str] = {}
     values: dict[str, Value] = {}
     for n in nodes:
         if n.op == "placeholder":
-            val = n.meta.get("val")
-            nbytes = sum(tensor_bytes(t) for t in tensors_in(val))
             alias_root[n.name] = n.name
-            values[n.name] = Value(n.name, nbytes, "")
+            values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in tensors_in(n.meta.get("val"))), "")
         elif n.op == "call_function":
             if "val" not in n.meta:
                 raise ValueError(f"node {n.name} ({op_name(n)}) has no traced shape; cannot size its memory")
@@ -383,68 +367,57 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
                 src = n.args[0]
                 alias_root[n.name] = alias_root[src.name] if isinstance(src, fx.Node) else n.name
             else:
-                ts = tensors_in(n.meta["val"])
-                multi = isinstance(n.meta["val"], (tuple, list))
                 alias_root[n.name] = n.name
-                if not multi:
-                    values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in ts), n.name)
-    # A multi-output op's tuple node has no storage of its own; its getitems do (created above).
+                if not isinstance(n.meta["val"], (tuple, list)):
+                    values[n.name] = Value(n.name, sum(tensor_bytes(t) for t in tensors_in(n.meta["val"])), n.name)
+    return alias_root, values
 
-    def owner(n: fx.Node) -> fx.Node:
-        """The op node a (possibly folded) FX node belongs to."""
-        while n.op == "call_function" and is_alias(n):
-            src = n.args[0]
-            if not isinstance(src, fx.Node):
-                break
-            n = src
-        return n
 
-    summary = [_summary_line(n, index) for n in nodes]
-    autocast = mixed_precision.normalize(autocast)
-    if autocast is not None:  # last, so that summary indices stay joint-graph node indices
-        summary.append(mixed_precision.summary_line(autocast))
+def _owner(n: fx.Node) -> fx.Node:
+    """The op node a (possibly folded) FX node belongs to: ``n`` less its views."""
+    while n.op == "call_function" and is_alias(n):
+        src = n.args[0]
+        if not isinstance(src, fx.Node):
+            break
+        n = src
+    return n
 
-    # ---- forward nodes
-    fwd: list[Node] = []
-    fwd_id: dict[str, int] = {}  # op node name -> forward node id
+
+def _fwd_deps(n: fx.Node, fwd_id: dict[str, int]) -> tuple[int, ...]:
+    """The forward nodes (ids, sorted) whose values ``n`` reads, through views."""
+    return tuple(sorted({fwd_id[o.name] for o in map(_owner, n.all_input_nodes) if o.name in fwd_id}))
+
+
+def _op_nodes(nodes: list[fx.Node], region: set[str], forward: bool, values: dict[str, Value],
+              fwd_id: dict[str, int]) -> list[Node]:
+    """The forward (``forward``) or backward nodes: every op inside (outside) the forward region
+    ``region`` that is not a view, in graph order, with the getitems of a multi-output op, the
+    values it owns, their bytes, the forward nodes it reads (backward nodes) and whether it draws
+    random numbers.  ``fwd_id`` gains each forward node's id."""
     produced: dict[str, list[str]] = {}  # producer's name -> its values' names, in `values`' order
     for v in values.values():
         produced.setdefault(v.producer, []).append(v.name)
+    out: list[Node] = []
     for n in nodes:
-        if n.op != "call_function" or n.name not in fwd_set or is_alias(n):
-            continue
-        nid = len(fwd)
-        fwd_id[n.name] = nid
-        outputs = produced.get(n.name, [])
-        fwd.append(Node(nid, "fwd", n.name, op_name(n), [n.name], outputs,
-                        sum(values[o].nbytes for o in outputs), (), is_random(n)))
-    # a multi-output op's getitems run with it, wherever the joint graph placed them
-    by_name = {n.name: n for n in nodes}
-    for node in fwd:
-        node.fx_names += [u.name for u in by_name[node.name].users if u.target is operator.getitem]
-
-    def fwd_deps(n: fx.Node) -> tuple[int, ...]:
-        deps = set()
-        for a in n.all_input_nodes:
-            o = owner(a)
-            if o.name in fwd_id:
-                deps.add(fwd_id[o.name])
-        return tuple(sorted(deps))
-
-    for node in fwd:
-        node.fwd_inputs = fwd_deps(by_name[node.name])
-
-    # ---- backward nodes: every non-alias op outside the forward region, in graph order
-    bwd: list[Node] = []
-    for n in nodes:
-        if n.op != "call_function" or n.name in fwd_set or is_alias(n):
+        if n.op != "call_function" or (n.name in region) != forward or is_alias(n):
             continue
         outputs = produced.get(n.name, [])
+        # a multi-output op's getitems run with it, wherever the joint graph placed them
         getitems = [u.name for u in n.users if u.target is operator.getitem]
-        bwd.append(Node(len(bwd), "bwd", n.name, op_name(n), [n.name] + getitems, outputs,
-                        sum(values[o].nbytes for o in outputs), fwd_deps(n), is_random(n)))
+        if forward:
+            fwd_id[n.name] = len(out)
+        out.append(Node(len(out), "fwd" if forward else "bwd", n.name, op_name(n), [n.name] + getitems, outputs,
+                        sum(values[o].nbytes for o in outputs), () if forward else _fwd_deps(n, fwd_id),
+                        is_random(n)))
+    return out
 
-    # ---- what each forward node must provide to the backward pass
+
+def _reads_and_saved(nodes: list[fx.Node], fwd: list[Node], bwd: list[Node], alias_root: dict[str, str],
+                     values: dict[str, Value]) -> None:
+    """Set each node's ``reads`` (the forward values it reads, by root) and each forward node's
+    ``saved`` (its values something reads after it ran), ``saved_bytes`` and ``bwd_read`` (those a
+    backward node reads)."""
+    by_name = {n.name: n for n in nodes}
     readers: dict[str, set[str]] = {}
     for n in nodes:
         if n.op != "call_function" or is_alias(n):
@@ -463,27 +436,70 @@ def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dic
         node.saved_bytes = sum(values[v].nbytes for v in node.saved)
         node.bwd_read = [v for v in node.saved if readers[v] & bwd_names]
 
-    kinds = dict(primal_kinds)
-    def _bytes_of(kind):
-        return sum(values[p.name].nbytes for p in placeholders if kinds.get(p.name) == kind)
-    tangent_bytes = sum(values[p.name].nbytes for p in placeholders if p.name.startswith(TANGENT))
-    # The caller holds the outputs during the backward pass; each differentiable output has a
-    # tangent of its own shape, so their bytes agree (mutated buffers have no tangent).
-    output_bytes = tangent_bytes
-    loss_output = any(isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].dim() == 0
-                      for p in placeholders if p.name.startswith(TANGENT))
 
-    inputs = [p for p in placeholders if kinds.get(p.name) == "input" and isinstance(p.meta.get("val"), torch.Tensor)]
-    in_shape = tuple(int(d) for d in inputs[0].meta["val"].shape) if inputs else ()
-    in_dtype = str(inputs[0].meta["val"].dtype).removeprefix("torch.") if inputs else ""
+def _device(placeholders: list[fx.Node]) -> tuple[str, tuple | None]:
+    """("cuda" where any placeholder is on a CUDA device, else "cpu" or the one device type;
+    the first CUDA device's compute capability, None elsewhere or without CUDA)."""
     devices = {t.device for p in placeholders for t in tensors_in(p.meta.get("val"))}
     cuda = sorted((d for d in devices if d.type == "cuda"), key=str)
     device = "cuda" if cuda else ("cpu" if any(d.type == "cpu" for d in devices) or not devices
                                   else sorted(devices, key=str)[0].type)
-    capability = tuple(torch.cuda.get_device_capability(cuda[0])) if cuda and torch.cuda.is_available() else None
+    return device, tuple(torch.cuda.get_device_capability(cuda[0])) if cuda and torch.cuda.is_available() else None
+
+
+def build_opgraph(joint: fx.GraphModule, num_fwd_outputs: int, primal_kinds: dict[str, str],
+                  autocast=None) -> OpGraph:
+    """Turn an AOTAutograd joint graph into an `OpGraph`: the forward region (`_forward_region`),
+    the values and their storage (`_storage`), the forward and backward nodes (`_op_nodes`), what
+    each reads and saves (`_reads_and_saved`), the byte counts, the summary and its fingerprint.
+
+    Args:
+        joint: the joint forward+backward graph (``partition_fn``'s first argument); every node
+            carries ``meta["val"]`` (fake tensors with shapes and dtypes).
+        num_fwd_outputs: number of forward outputs at the front of the joint output list.
+        primal_kinds: placeholder name -> "param" | "buffer" | "input".
+        autocast: the autocast setting the joint graph was traced under (None, or
+            ``(device_type, dtype)``, see `monet.mixed_precision`); the trace already holds its
+            casts, this records it in the summary and the fingerprint.
+
+    Raises:
+        ValueError: if a node has no traced shape (``meta["val"]``), which the memory model needs.
+    """
+    nodes = list(joint.graph.nodes)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    outs = list(next(n for n in nodes if n.op == "output").args[0])
+    region = _forward_region([o for o in outs[:num_fwd_outputs] if isinstance(o, fx.Node)])
+    alias_root, values = _storage(nodes)
+    summary = [_summary_line(n, index) for n in nodes]
+    autocast = mixed_precision.normalize(autocast)
+    if autocast is not None:  # last, so that summary indices stay joint-graph node indices
+        summary.append(mixed_precision.summary_line(autocast))
+    fwd_id: dict[str, int] = {}  # op node name -> forward node id
+    fwd = _op_nodes(nodes, region, True, values, fwd_id)
+    by_name = {n.name: n for n in nodes}
+    for node in fwd:
+        node.fwd_inputs = _fwd_deps(by_name[node.name], fwd_id)
+    bwd = _op_nodes(nodes, region, False, values, fwd_id)
+    _reads_and_saved(nodes, fwd, bwd, alias_root, values)
+
+    kinds = dict(primal_kinds)
+
+    def _bytes_of(kind):
+        return sum(values[p.name].nbytes for p in placeholders if kinds.get(p.name) == kind)
+    tangent_bytes = sum(values[p.name].nbytes for p in placeholders if p.name.startswith(TANGENT))
+    loss_output = any(isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].dim() == 0
+                      for p in placeholders if p.name.startswith(TANGENT))
+    inputs = [p for p in placeholders if kinds.get(p.name) == "input" and isinstance(p.meta.get("val"), torch.Tensor)]
+    in_shape = tuple(int(d) for d in inputs[0].meta["val"].shape) if inputs else ()
+    in_dtype = str(inputs[0].meta["val"].dtype).removeprefix("torch.") if inputs else ""
+    device, capability = _device(placeholders)
+    # The caller holds the outputs during the backward pass; each differentiable output has a
+    # tangent of its own shape, so their bytes agree (mutated buffers have no tangent):
+    # output_bytes = tangent_bytes.
     return OpGraph(input_shape=in_shape, input_dtype=in_dtype, fwd=fwd, bwd=bwd, values=values, alias_root=alias_root, primal_kinds=kinds,
                    param_bytes=_bytes_of("param"), buffer_bytes=_bytes_of("buffer"),
-                   input_bytes=_bytes_of("input"), output_bytes=output_bytes, tangent_bytes=tangent_bytes,
+                   input_bytes=_bytes_of("input"), output_bytes=tangent_bytes, tangent_bytes=tangent_bytes,
                    fingerprint=fingerprint(summary), summary=summary, joint=joint,
                    num_fwd_outputs=num_fwd_outputs, autocast=autocast, loss_output=loss_output,
                    device=device, cuda_capability=capability)
