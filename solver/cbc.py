@@ -74,84 +74,66 @@ def _worker_command() -> list[str]:
     return [sys.executable, "-m", "monet.solver.cbc_worker"]
 
 
-def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
-              start: dict | None = None, progress=None, every_s: float = 5.0,
-              params: dict | None = None, verbose: bool = False, shown_offset: float = 0.0) -> MilpOutcome:
-    """Solve a cvxpy MILP (minimisation, linear constraints) with CBC's C interface.
+def _start_columns(data: dict, start: dict | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(columns, values) of a MIP start given as {cvxpy Variable: values}, in the columns of the
+    problem data ``data``; variables the problem does not have are left out.  (None, None) without."""
+    if not start:
+        return None, None
+    cols = data[s.PARAM_PROB].var_id_to_col
+    idx, val = [], []
+    for var, v in start.items():
+        if var is None or var.id not in cols:
+            continue
+        first = cols[var.id]
+        idx.append(np.arange(first, first + var.size))
+        val.append(np.asarray(v, dtype=float).ravel())
+    return (np.concatenate(idx), np.concatenate(val)) if idx else (None, None)
 
-    Args:
-        time_limit: wall-clock seconds for the whole call.  CBC's clock (``-timeMode elapsed
-            -seconds``) does not cover its preprocessing, first LP and root cuts, which overran a
-            limit by 10-25 s on ResNet-50 (48,000 variables), so CBC gets 70 % of it, and the
-            child process is stopped (status "no_integer", see ``detail``) 2 s after the limit:
-            its start schedule then stands.
-        gap_abs: stop when incumbent - bound <= this (model units; CBC's ``-allowableGap``).
-        start: {cvxpy Variable: values} of a feasible schedule (CBC's MIP start); variables left
-            out are computed by CBC.  A start that violates a constraint is dropped by CBC.
-        progress: ``progress(str)`` for one line per new incumbent and every ``every_s`` seconds.
-            CBC's own log goes to standard error with ``verbose``, else nowhere.
-        params: more CBC command-line parameters, e.g. {"passCuts": "5"}.
-        shown_offset: added to the objective and bound in progress lines (the constant time).
 
-    Returns:
-        `MilpOutcome`; when a solution exists, the problem's variables hold it.  A crash of CBC
-        is status "no_integer" with ``detail`` naming the exit status, not an exception.
-
-    Raises:
-        CbcUnavailable: no CBC library.
-    """
-    lib = library_path()
-    t0 = time.perf_counter()
-    data, chain, inverse = problem.get_problem_data(cp.CBC)
+def _job(data: dict, lib: str, time_limit: float, gap_abs: float, start: dict | None, params: dict | None,
+         every_s: float, verbose: bool) -> dict:
+    """What the child process (`monet.solver.cbc_worker`) solves with the CBC library at ``lib``:
+    cvxpy's CBC problem data ``data`` as column-major constraint rows with bounds (equalities
+    first, then ``<=`` rows), integer columns (booleans bounded to [0, 1]), CBC's parameters (70 %
+    of ``time_limit`` on its elapsed-time clock: see `solve_cbc`) and the MIP start's columns."""
     A = data[s.A].tocsc()
     b = np.asarray(data[s.B], dtype=float)
     c = np.asarray(data[s.C], dtype=float)
-    dims = dims_to_solver_dict(data[s.DIMS])
-    neq = dims[s.EQ_DIM]
+    neq = dims_to_solver_dict(data[s.DIMS])[s.EQ_DIM]
     n, m = len(c), A.shape[0]
-    row_lb = np.concatenate([b[:neq], np.full(m - neq, -np.inf)])
     col_lb = np.full(n, -np.inf) if data.get(s.LOWER_BOUNDS) is None else np.array(data[s.LOWER_BOUNDS], float)
     col_ub = np.full(n, np.inf) if data.get(s.UPPER_BOUNDS) is None else np.array(data[s.UPPER_BOUNDS], float)
-    ints = np.concatenate([np.asarray(data[s.BOOL_IDX], int), np.asarray(data[s.INT_IDX], int)])
     bools = np.asarray(data[s.BOOL_IDX], int)
     col_lb[bools] = np.maximum(col_lb[bools], 0)
     col_ub[bools] = np.minimum(col_ub[bools], 1)
-    offset = float(np.ravel(data.get(s.OFFSET, 0.0))[0]) if data.get(s.OFFSET) is not None else 0.0
     opts = {"log": "1", "timeMode": "elapsed", "seconds": f"{max(0.7 * time_limit, 0.1):g}",
             "allowableGap": f"{max(gap_abs, 0.0):.12g}", "randomSeed": "1", "randomCbcSeed": "1"}
     opts.update(params or {})
-    start_idx = start_val = None
-    if start:
-        cols = data[s.PARAM_PROB].var_id_to_col
-        idx, val = [], []
-        for var, v in start.items():
-            if var is None or var.id not in cols:
-                continue
-            first = cols[var.id]
-            idx.append(np.arange(first, first + var.size))
-            val.append(np.asarray(v, dtype=float).ravel())
-        if idx:
-            start_idx, start_val = np.concatenate(idx), np.concatenate(val)
-    job = {"lib": lib, "n": n, "m": m, "indptr": A.indptr, "indices": A.indices, "data": A.data,
-           "col_lb": col_lb, "col_ub": col_ub, "c": c, "row_lb": row_lb, "row_ub": b, "ints": ints,
-           "params": opts, "start_idx": start_idx, "start_val": start_val, "every_s": every_s,
-           "verbose": verbose}
-    history: list[tuple[float, float | None, float | None]] = []
+    start_idx, start_val = _start_columns(data, start)
+    return {"lib": lib, "n": n, "m": m, "indptr": A.indptr, "indices": A.indices, "data": A.data,
+            "col_lb": col_lb, "col_ub": col_ub, "c": c, "row_lb": np.concatenate([b[:neq], np.full(m - neq, -np.inf)]),
+            "row_ub": b, "ints": np.concatenate([bools, np.asarray(data[s.INT_IDX], int)]),
+            "params": opts, "start_idx": start_idx, "start_val": start_val, "every_s": every_s, "verbose": verbose}
 
+
+def _reporter(history: list, progress, add: float):
+    """``report(now, best, bound)``: appends to ``history``, and tells ``progress`` one line with
+    the incumbent and the bound (``add`` added to both: the objective's offset and the shown one)."""
     def report(now, best, bound):
         history.append((now, best, bound))
         if progress is None:
             return
-        add = offset + shown_offset
         total = None if best is None else best + add
         gap = "" if total is None or bound is None else f", gap {100 * max(0.0, best - bound) / max(abs(total), 1e-12):.2f} %"
         progress(f"  {now:6.1f} s  incumbent {'-' if best is None else f'{best + add:.6g}'}"
                  f"  bound {'-' if bound is None else f'{bound + add:.6g}'}{gap}")
+    return report
 
-    # CBC's clock (70 % of the limit) misses its preprocessing and its heuristics' sub-searches
-    # (a "mini branch and bound" ran 20 s past a 27 s limit on ResNet-50, then gave the only
-    # integer schedule); a child that has not answered by twice the limit plus 5 s is stopped
-    deadline = t0 + time_limit + 2.0
+
+def _run_child(job: dict, t0: float, deadline: float, report) -> tuple[tuple | None, str]:
+    """Solve ``job`` in a child process, passing its progress messages to ``report``, until it
+    answers or ``deadline`` (`time.perf_counter` seconds; ``t0`` when the call began): (its
+    ``("done", x, optimal, infeasible, bound)`` message or None, what went wrong)."""
     child = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_messages, args=(child.stdout, q), daemon=True).start()
@@ -178,6 +160,68 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
     if child.poll() is None:
         child.kill()
     child.wait()
+    return done, detail
+
+
+def _answer(problem: cp.Problem, done: tuple, c: np.ndarray, chain, inverse, gap_abs: float) \
+        -> tuple[str, float | None, float | None]:
+    """(status, objective, bound) of the child's answer ``done``, in the model's units less cvxpy's
+    offset; a solution is unpacked into ``problem``'s variables."""
+    _, x, optimal, infeasible, bound = done
+    bound = None if not np.isfinite(bound) or abs(bound) >= 1e49 else bound
+    if x is None:
+        return ("infeasible" if infeasible else "no_integer"), None, bound
+    objective = float(c @ x)
+    with warnings.catch_warnings():  # "Solution may be inaccurate" for a stopped search
+        warnings.simplefilter("ignore")
+        problem.unpack_results({"status": s.OPTIMAL if optimal else s.USER_LIMIT, "primal": x, "value": objective},
+                               chain, inverse)
+    if optimal:
+        return "optimal", objective, objective if bound is None else min(bound, objective)
+    if bound is not None and objective - bound <= gap_abs * (1 + 1e-9):
+        return "gap", objective, bound
+    return "time_limit", objective, bound
+
+
+def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
+              start: dict | None = None, progress=None, every_s: float = 5.0,
+              params: dict | None = None, verbose: bool = False, shown_offset: float = 0.0) -> MilpOutcome:
+    """Solve a cvxpy MILP (minimisation, linear constraints) with CBC's C interface: the problem
+    data as CBC takes it (`_job`), solved in a child process (`_run_child`), its answer read back
+    (`_answer`).
+
+    Args:
+        time_limit: wall-clock seconds for the whole call.  CBC's clock (``-timeMode elapsed
+            -seconds``) does not cover its preprocessing, first LP and root cuts, which overran a
+            limit by 10-25 s on ResNet-50 (48,000 variables), so CBC gets 70 % of it, and the
+            child process is stopped (status "no_integer", see ``detail``) 2 s after the limit:
+            its start schedule then stands.
+        gap_abs: stop when incumbent - bound <= this (model units; CBC's ``-allowableGap``).
+        start: {cvxpy Variable: values} of a feasible schedule (CBC's MIP start); variables left
+            out are computed by CBC.  A start that violates a constraint is dropped by CBC.
+        progress: ``progress(str)`` for one line per new incumbent and every ``every_s`` seconds.
+            CBC's own log goes to standard error with ``verbose``, else nowhere.
+        params: more CBC command-line parameters, e.g. {"passCuts": "5"}.
+        shown_offset: added to the objective and bound in progress lines (the constant time).
+
+    Returns:
+        `MilpOutcome`; when a solution exists, the problem's variables hold it.  A crash of CBC
+        is status "no_integer" with ``detail`` naming the exit status, not an exception.
+
+    Raises:
+        CbcUnavailable: no CBC library.
+    """
+    lib = library_path()
+    t0 = time.perf_counter()
+    data, chain, inverse = problem.get_problem_data(cp.CBC)
+    offset = float(np.ravel(data.get(s.OFFSET, 0.0))[0]) if data.get(s.OFFSET) is not None else 0.0
+    job = _job(data, lib, time_limit, gap_abs, start, params, every_s, verbose)
+    history: list[tuple[float, float | None, float | None]] = []
+    report = _reporter(history, progress, offset + shown_offset)
+    # CBC's clock (70 % of the limit) misses its preprocessing and its heuristics' sub-searches
+    # (a "mini branch and bound" ran 20 s past a 27 s limit on ResNet-50, then gave the only
+    # integer schedule): a child that has not answered 2 s after the limit is stopped
+    done, detail = _run_child(job, t0, t0 + time_limit + 2.0, report)
     elapsed = time.perf_counter() - t0
     if done is None:
         if progress is not None:
@@ -186,27 +230,7 @@ def solve_cbc(problem: cp.Problem, *, time_limit: float, gap_abs: float = 0.0,
         return MilpOutcome(status="no_integer", objective=None, bound=None, solve_time_s=elapsed,
                            history=history, detail=f"{detail} (its best incumbent: {best})" if best is not None
                            else detail)
-    _, x, optimal, infeasible, bound = done
-    bound = None if not np.isfinite(bound) or abs(bound) >= 1e49 else bound
-    objective = None
-    if x is not None:
-        objective = float(c @ x)
-        status = s.OPTIMAL if optimal else s.USER_LIMIT
-        with warnings.catch_warnings():  # "Solution may be inaccurate" for a stopped search
-            warnings.simplefilter("ignore")
-            problem.unpack_results({"status": status, "primal": x, "value": objective}, chain, inverse)
-        if optimal:
-            kind = "optimal"
-        elif bound is not None and objective - bound <= gap_abs * (1 + 1e-9):
-            kind = "gap"
-        else:
-            kind = "time_limit"
-    elif infeasible:
-        kind = "infeasible"
-    else:
-        kind = "no_integer"
-    if objective is not None and kind == "optimal":
-        bound = objective if bound is None else min(bound, objective)
+    kind, objective, bound = _answer(problem, done, job["c"], chain, inverse, gap_abs)
     report(elapsed, objective, bound)
     return MilpOutcome(status=kind, objective=None if objective is None else objective + offset,
                        bound=None if bound is None else bound + offset, solve_time_s=elapsed, history=history)
