@@ -187,6 +187,89 @@ def _flat(name: str) -> str:
     return "p_" + name.replace(".", "_")
 
 
+def _tensor_names(gm: fx.GraphModule, small: nn.Module):
+    """``tensor_name(attribute)``: the qualified name in ``small`` of the parameter or buffer that
+    ``gm`` (an export of ``small``) holds as ``attribute``.
+
+    Raises (when called):
+        NotRepeatable: ``gm`` reads a tensor that is no parameter or buffer of ``small``."""
+    small_names = _names(small)
+    attr_name = {attr: small_names[id(t)]
+                 for attr, t in list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
+                 if id(t) in small_names}
+
+    def tensor_name(target: str) -> str:
+        if target not in attr_name:
+            raise NotRepeatable(f"the graph reads {target}, which is no parameter or buffer of the model")
+        return attr_name[target]
+    return tensor_name
+
+
+def _check_repeats(seg: Segments, name: str, tensor_name) -> None:
+    """Raise `NotRepeatable` unless every layer of ``seg`` after the first is the same nodes as
+    layer 1 (`_describe`) and the suffix reads no layer but the last."""
+    outer = set(seg.prefix)
+    template = _describe(seg.layers[1], seg.layers[0], outer, tensor_name, f"{name}.1")
+    for k in range(2, len(seg.layers)):
+        other = _describe(seg.layers[k], seg.layers[k - 1], outer, tensor_name, f"{name}.{k}")
+        if other != template:
+            diff = next((i for i, (a, b) in enumerate(zip(template, other)) if a != b), min(len(template), len(other)))
+            where = seg.layers[k][diff].name if diff < len(seg.layers[k]) else "its end"
+            raise NotRepeatable(f"layer {k} of {name} is not layer 1's nodes again (first difference at {where})")
+    last = set(seg.layers[-1])
+    for n in seg.suffix:
+        for a in n.all_input_nodes:
+            if a not in outer and a not in last and a not in seg.suffix:
+                raise NotRepeatable(f"{n.name} after the layers reads {a.name} of a layer before the last")
+
+
+class _DeepGraph:
+    """The deep model's graph being written from the copy's: nodes copied with the parameters and
+    buffers they read renamed from the copy's layer to the deep model's (`copy_node`), registered
+    on ``root`` under flat names, in first-use order."""
+
+    def __init__(self, gm: fx.GraphModule, model: nn.Module, name: str, tensor_name):
+        self.name, self.tensor_name = name, tensor_name
+        self.tensors = dict(model.named_parameters(remove_duplicate=False))
+        self.tensors.update(model.named_buffers(remove_duplicate=False))
+        self.root = nn.Module()
+        self.used: dict[str, str] = {}  # flat attribute -> model's qualified name
+        self.graph = fx.Graph()
+        with warnings.catch_warnings():  # torch 2.13's pytree warns of its own LeafSpec when copied
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            self.graph._codegen = copy.deepcopy(gm.graph._codegen)
+
+    def attr_of(self, qualified: str) -> str:
+        """The flat attribute of the deep model's tensor ``qualified`` (registered on first use).
+
+        Raises:
+            NotRepeatable: the model has no such parameter or buffer."""
+        if qualified not in self.tensors:
+            raise NotRepeatable(f"the model has no parameter or buffer {qualified}")
+        flat = _flat(qualified)
+        if flat not in self.used:
+            self.used[flat] = qualified
+            t = self.tensors[qualified]
+            (self.root.register_parameter if isinstance(t, nn.Parameter) else self.root.register_buffer)(flat, t)
+        return flat
+
+    def in_layer(self, qualified: str, source: int | None, index: int | None) -> str:
+        """``qualified``, read by a node copied from layer ``source`` into layer ``index``: a tensor
+        of layer ``source`` becomes the same tensor of layer ``index``; any other stays as it is."""
+        own = f"{self.name}.{source}."
+        if index is None or not qualified.startswith(own):
+            return qualified  # the prefix's, the suffix's, or one the layers share
+        return f"{self.name}.{index}.{qualified[len(own):]}"
+
+    def copy_node(self, n: fx.Node, arg, index: int | None, source: int | None = None) -> fx.Node:
+        """``n`` copied (its inputs mapped by ``arg``) from the copy's layer ``source`` into the deep
+        model's layer ``index`` (None: outside the layers)."""
+        new = self.graph.node_copy(n, arg)
+        if n.op == "get_attr":
+            new.target = self.attr_of(self.in_layer(self.tensor_name(n.target), source, index))
+        return new
+
+
 def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: str, count: int) -> fx.GraphModule:
     """The export of ``model`` (whose ``nn.ModuleList`` ``name`` holds ``count`` identical layers)
     written from ``gm``, an export of ``small`` (`shallow_copy` of ``model`` with `KEEP` of them):
@@ -202,74 +285,18 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
     if kept < 3 or count < kept:
         raise NotRepeatable(f"{kept} layers of {name} exported for {count}: need at least 3, at most {count}")
     seg = segments(gm, name, kept)
-    small_names = _names(small)
-    attr_name = {}  # gm's attribute -> small's qualified name
-    for attr, t in list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
-        if id(t) in small_names:
-            attr_name[attr] = small_names[id(t)]
-
-    def tensor_name(target: str) -> str:
-        if target not in attr_name:
-            raise NotRepeatable(f"the graph reads {target}, which is no parameter or buffer of the model")
-        return attr_name[target]
-
-    outer = set(seg.prefix)
-    template = _describe(seg.layers[1], seg.layers[0], outer, tensor_name, f"{name}.1")
-    for k in range(2, kept):
-        other = _describe(seg.layers[k], seg.layers[k - 1], outer, tensor_name, f"{name}.{k}")
-        if other != template:
-            diff = next((i for i, (a, b) in enumerate(zip(template, other)) if a != b), min(len(template), len(other)))
-            where = seg.layers[k][diff].name if diff < len(seg.layers[k]) else "its end"
-            raise NotRepeatable(f"layer {k} of {name} is not layer 1's nodes again (first difference at {where})")
-    last = {n: k for k, n in enumerate(seg.layers[-1])}
-    for n in seg.suffix:
-        for a in n.all_input_nodes:
-            if a not in outer and a not in last and a not in seg.suffix:
-                raise NotRepeatable(f"{n.name} after the layers reads {a.name} of a layer before the last")
-
-    model_tensors = dict(model.named_parameters(remove_duplicate=False))
-    model_tensors.update(model.named_buffers(remove_duplicate=False))
-    root = nn.Module()
-    used: dict[str, str] = {}  # flat attribute -> model's qualified name
-
-    def attr_of(qualified: str) -> str:
-        if qualified not in model_tensors:
-            raise NotRepeatable(f"the model has no parameter or buffer {qualified}")
-        flat = _flat(qualified)
-        if flat not in used:
-            used[flat] = qualified
-            t = model_tensors[qualified]
-            (root.register_parameter if isinstance(t, nn.Parameter) else root.register_buffer)(flat, t)
-        return flat
-
-    def in_layer(qualified: str, source: int | None, index: int | None) -> str:
-        """``qualified``, read by a node copied from layer ``source`` into layer ``index``: a tensor
-        of layer ``source`` becomes the same tensor of layer ``index``; any other stays as it is."""
-        own = f"{name}.{source}."
-        if index is None or not qualified.startswith(own):
-            return qualified  # the prefix's, the suffix's, or one the layers share
-        return f"{name}.{index}.{qualified[len(own):]}"
-
-    graph = fx.Graph()
-    with warnings.catch_warnings():  # torch 2.13's pytree warns of its own LeafSpec when copied
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        graph._codegen = copy.deepcopy(gm.graph._codegen)
+    tensor_name = _tensor_names(gm, small)
+    _check_repeats(seg, name, tensor_name)
+    deep = _DeepGraph(gm, model, name, tensor_name)
     env: dict[fx.Node, fx.Node] = {}
-
-    def copy_node(n: fx.Node, arg, index: int | None, source: int | None = None) -> fx.Node:
-        new = graph.node_copy(n, arg)
-        if n.op == "get_attr":
-            new.target = attr_of(in_layer(tensor_name(n.target), source, index))
-        return new
-
     for n in seg.prefix:
-        env[n] = copy_node(n, lambda a: env[a], None)
+        env[n] = deep.copy_node(n, lambda a: env[a], None)
     previous = []
     for n in seg.layers[0]:
-        env[n] = copy_node(n, lambda a: env[a], 0, 0)
+        env[n] = deep.copy_node(n, lambda a: env[a], 0, 0)
         previous.append(env[n])
     source, before = seg.layers[1], {n: k for k, n in enumerate(seg.layers[0])}
-    for index in range(1, count):
+    for index in range(1, count):  # layer 1's nodes again, each reading the layer before it
         local: dict[fx.Node, fx.Node] = {}
 
         def arg(a, local=local, previous=previous):
@@ -278,13 +305,13 @@ def repeat_layers(gm: fx.GraphModule, small: nn.Module, model: nn.Module, name: 
             return previous[before[a]] if a in before else env[a]
 
         for n in source:
-            local[n] = copy_node(n, arg, index, 1)
+            local[n] = deep.copy_node(n, arg, index, 1)
         previous = [local[n] for n in source]
-    for n, k in last.items():
+    for k, n in enumerate(seg.layers[-1]):
         env[n] = previous[k]
     for n in seg.suffix:  # a tensor of the copy's last layer is the deep model's last layer's
-        env[n] = copy_node(n, lambda a: env[a], count - 1, kept - 1)
-    out = fx.GraphModule(root, graph)
+        env[n] = deep.copy_node(n, lambda a: env[a], count - 1, kept - 1)
+    out = fx.GraphModule(deep.root, deep.graph)
     out.meta.update(getattr(gm, "meta", {}))
     _canonical_order(out, model)
     return out
