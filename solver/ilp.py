@@ -991,9 +991,10 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
 
 @dataclass
 class _Relaxed:
-    """The LP relaxation of a `solve_ilp`: its bound (model units; None when not solved, or not in
-    time), the fractional S and M it found (roundings for the MIP start and the repair fallback),
-    and, at full scale, the thread it runs in."""
+    """The LP relaxation of a `solve_ilp`: its bound (model units: seconds of recomputation, less
+    the constant time; None when not solved, or not in time), the fractional S (T, G) and M (O,)
+    it found (roundings for the MIP start and the repair fallback), and, at full scale, the
+    thread it runs in."""
 
     lp: float | None = None
     frac_s: np.ndarray | None = None
