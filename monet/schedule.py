@@ -33,6 +33,45 @@ def ancestors(graph: OpGraph) -> np.ndarray:
     return anc
 
 
+def without_dead_recomputations(graph: OpGraph, S: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(S, R) without the recomputations whose value nothing reads, and without the keeps of
+    values nothing reads later: the same backward pass, never more memory or time.
+
+    A recomputation of node i in stage t is read when backward node t reads i, when a read
+    recomputation of the stage reads i (a compiled step's random op reads none: it reads its
+    saved draws), or when a later stage reads i before recomputing it again
+    (the value is kept until then).  Stages are swept from the last: ``demand[i]`` says that a
+    later stage reads the value of i held from before it.  A schedule may hold such dead
+    recomputations where a heuristic recomputes whole segments; the executor would run them (an
+    FX graph runs every node) and the ILP's objective would count them.
+
+    Args:
+        S, R: (T, N) 0/1 arrays, a valid schedule (`schedule_from_matrices`'s arguments).
+
+    Returns:
+        (S, R) as bool arrays, R <= R given, S <= S given, S[t + 1] <= S[t] + R[t] still.
+    """
+    S = np.asarray(S) > 0.5
+    R = np.asarray(R) > 0.5
+    T, N = R.shape
+    # a compiled step's recomputed random op reads its saved draws, not its inputs (docs/design.md,
+    # "Note [Random ops compiled]")
+    inputs = [np.asarray(() if graph.compiled and n.random else n.fwd_inputs, dtype=np.int64) for n in graph.fwd]
+    demand = np.zeros(N, dtype=bool)  # a later stage reads the value held from before it
+    R_out, S_out = np.zeros_like(R), np.zeros_like(S)
+    for t in range(T - 1, -1, -1):
+        need = demand.copy()
+        need[list(graph.bwd[t].fwd_inputs)] = True
+        recomputed = np.flatnonzero(R[t])
+        for j in recomputed[::-1]:  # readers before what they read
+            if need[j]:
+                R_out[t, j] = True
+                need[inputs[j]] = True
+        demand = need & ~R_out[t]  # what this stage reads and does not recompute comes from before
+        S_out[t] = S[t] & demand
+    return S_out, R_out
+
+
 def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray, offload: tuple = ()) -> Schedule:
     """The `Schedule` of a solution: what to keep, recompute and release in each stage.
 

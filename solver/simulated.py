@@ -16,7 +16,7 @@ import torch
 import monet
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.schedule import schedule_from_matrices
+from monet.schedule import schedule_from_matrices, without_dead_recomputations
 from monet.simulate import schedule_peak
 from monet.solver.choices import chosen_graph, chosen_impls
 from monet.solution import Solution, SolutionMeta
@@ -30,7 +30,9 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
                     offload_bandwidth: float | None = None, check: bool = True) -> Solution:
     """The `Solution` of (S (T, N), R (T, N) bool: kept at the start of / recomputed in each backward
     stage) on ``graph`` (with its implementations, ``graph.impls``), simulated: its
-    ``meta.predicted_peak_bytes`` is the simulator's peak (`monet.simulate`).
+    ``meta.predicted_peak_bytes`` is the simulator's peak (`monet.simulate`).  Recomputations and
+    keeps that nothing reads are dropped first (`monet.schedule.without_dead_recomputations`; not
+    with ``offload``), and their seconds taken off ``objective_s``.
     ``eager`` (bytes) and ``eager_time`` (seconds) are plain PyTorch's peak and iteration time, the
     references of the reported saving and overhead; by default those of ``graph`` itself, which is
     wrong when ``graph`` carries implementations other than PyTorch's.  ``offload``: the
@@ -40,6 +42,10 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
         RuntimeError: with ``check``, a simulated peak above ``budget`` bytes (an internal error
             for schedules whose memory an ILP's expressions bound); without it (schedules with
             no budget knob: keep everything, Chen's sqrt(n)) the caller compares the peak."""
+    if not offload:  # an offloaded value's keeps carry its transfers: left as they are
+        S, R, removed = np.asarray(S) > 0.5, np.asarray(R) > 0.5, np.asarray(R) > 0.5
+        S, R = without_dead_recomputations(graph, S, R)
+        objective_s -= float(np.asarray(costs.fwd_recompute, dtype=float) @ (removed & ~R).sum(axis=0))
     schedule, sim = simulated_schedule(graph, costs, S, R, offload)
     if check and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
         raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "

@@ -1,12 +1,14 @@
-"""The schedule's typed steps (`monet.steps`): their order, the matrices they give back, and the
-executor's check that every step can run (`monet.executor.check_steps`)."""
+"""The schedule's typed steps (`monet.steps`): their order, the matrices they give back, the
+executor's check that every step can run (`monet.executor.check_steps`), and the pruning of
+recomputations nothing reads (`monet.schedule.without_dead_recomputations`)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from monet.executor import ScheduleError, check_steps
-from monet.schedule import matrices_from_schedule, schedule_from_matrices
+from monet.schedule import matrices_from_schedule, schedule_from_matrices, without_dead_recomputations
+from monet.simulate import schedule_peak
 from monet.solution import Schedule, Stage
 from monet.solver import ilp
 from monet.solver.repair import repair
@@ -97,3 +99,37 @@ def test_check_steps_refuses_a_schedule_for_another_graph(case):
     with pytest.raises(ScheduleError, match=f"backward stage 3: recompute step names node {N + 5}, but the "
                                             f"graph has {N} forward nodes"):
         check_steps(graph, Schedule(saved=(), stages=stages))
+
+
+def test_dead_recomputations_are_dropped(case):
+    """A recomputation that nothing reads goes, with the keeps it alone needed; the rest stays."""
+    graph, _, _ = case
+    T, N = len(graph.bwd), len(graph.fwd)
+    S, R = np.ones((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
+    t = max(t for t in range(T) if graph.bwd[t].fwd_inputs)  # the last stage that reads the forward
+    read = next(iter(graph.bwd[t].fwd_inputs))
+    dead = next(i for i in range(N) if i != read and i not in graph.bwd[t].fwd_inputs
+                and i not in graph.fwd[read].fwd_inputs)
+    S[t:, read] = False
+    R[t, read] = True  # needed: backward node t reads it
+    R[t, dead] = True  # dead: nothing in stage t or after reads it
+    S2, R2 = without_dead_recomputations(graph, S, R)
+    assert R2[t, read] and not R2[t, dead] and R2.sum() == 1
+    assert not S2[t:, dead].any() and not S2[t:, read].any()
+    assert S2[t, list(graph.fwd[read].fwd_inputs)].all(), "the recomputation's inputs are no longer kept"
+
+
+def test_pruned_schedules_run_in_no_more_memory_or_recomputation(case):
+    """Keep everything, plus recomputations drawn at random (each one's inputs kept, so the schedule
+    runs): pruned, it still runs, in no more memory and with fewer recomputations."""
+    graph, costs, _ = case
+    T, N = len(graph.bwd), len(graph.fwd)
+    rng = np.random.default_rng(0)
+    for p in (0.05, 0.2, 0.5):
+        S, R = np.ones((T, N), dtype=bool), rng.random((T, N)) < p
+        S2, R2 = without_dead_recomputations(graph, S, R)
+        assert (R2 <= R).all() and (S2 <= S).all()
+        before, after = schedule_from_matrices(graph, S, R), schedule_from_matrices(graph, S2, R2)
+        check_steps(graph, after)
+        assert schedule_peak(graph, costs, after).peak_bytes <= schedule_peak(graph, costs, before).peak_bytes
+        assert after.recompute_count() < before.recompute_count()
