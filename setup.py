@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="Memory-optimised training: checkpointing and operator choice by integer linear programming",
     python_requires=">=3.10",
-    packages=["monet", "monet.cli", "monet.impls", "monet.solver", "monet.profiling", "monet.zoo", "monet.zoo.models"],
+    packages=["monet", "monet.cli", "monet.compat", "monet.impls", "monet.solver", "monet.profiling", "monet.zoo", "monet.zoo.models"],
     package_dir={
         "monet": "monet",
         "monet.solver": "solver",
@@ -19,7 +19,7 @@ setup(
         # A range, not a pin, so that `pip install -e .` keeps a GPU machine's own CUDA torch.  Every
         # admitted release was run (README, "Tested PyTorch releases"): 2.11.0, 2.13.0, 2.14.1 and
         # 2.15.0.  What moves between them (AOTAutograd's partitioner helpers, Dynamo's export,
-        # backend flags, the profiler's event tree) is in monet/compat.py, whose SUPPORTED range is
+        # backend flags, the profiler's event tree) is in monet/compat/, whose SUPPORTED range is
         # this one (tests/test_compat.py checks both agree).  The README's commands still say
         # `torch==2.13.0`, which makes pip take this project's CPU build instead of the newest
         # release with several GB of CUDA wheels.
