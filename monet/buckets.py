@@ -177,7 +177,7 @@ def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *,
     if isinstance(budget, str) and budget.strip().endswith("%"):
         from monet.solver.solve import parse_budget
 
-        keys = ("loss_fn", "cost", "device", "gpu_spec", "autocast_dtype", "cache_dir")
+        keys = ("loss_fn", "cost", "device", "gpu_spec", "autocast_dtype", "cache_dir", "compile")
         x, t = at(lengths[-1])
         longest = prepare(model, x, progress=kw.get("progress", True), **t, **{k: kw[k] for k in keys if k in kw})
         budget = parse_budget(budget, longest.eager_peak_bytes)

@@ -182,6 +182,25 @@ class _BackwardEmitter:
         copy.meta = dict(n.meta)
         return copy
 
+    def saved_draw(self, fnode) -> dict[str, fx.Node]:
+        """A random forward node's values where a compiled step recomputes it: each tensor it
+        returns saved by the forward pass as ``STATE_PREFIX + name`` and read back here, not drawn
+        again (a generator cannot be replayed inside Inductor's kernels; docs/design.md, "Note
+        [Random ops compiled]")."""
+        env = {}
+        for name in fnode.fx_names:
+            node = self.nodes[name]
+            if not isinstance(node.meta.get("val"), torch.Tensor):
+                continue  # the op's tuple: only its elements are read
+            key = STATE_PREFIX + name
+            if key not in self.placeholders:
+                p = self.body.placeholder(key)
+                p.meta = dict(node.meta)
+                self.placeholders[key] = p
+                self.saved.append(key)
+            env[name] = self.placeholders[key]
+        return env
+
     def prefetch(self, v: str) -> None:
         """The copy back of offloaded value ``v`` from the host, if its node is still kept."""
         fid = self.owner_id(self.nodes[v])
@@ -197,6 +216,10 @@ class _BackwardEmitter:
         """Forward node ``i`` again (each recomputed value a fresh node), readable from here on."""
         fnode = self.graph.fwd[i]
         self.reader = f"recomputing forward node {i} ({fnode.op})"
+        if fnode.random and self.graph.compiled:
+            self.available[i] = self.saved_draw(fnode)
+            self.kept_from_forward.discard(i)
+            return
         env: dict[str, fx.Node] = {}
 
         def arg(a: fx.Node) -> fx.Node:
@@ -208,6 +231,7 @@ class _BackwardEmitter:
             else:
                 copy = self.body.node_copy(self.nodes[name], arg)
             copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
+            copy.meta["monet_stage"] = self.stage
             env[name] = copy
         self.available[i] = env
         self.kept_from_forward.discard(i)
@@ -219,6 +243,7 @@ class _BackwardEmitter:
         for name in bnode.fx_names:
             copy = self.body.node_copy(self.nodes[name], self.lookup)
             copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
+            copy.meta["monet_stage"] = self.stage
             self.permanent[name] = copy
 
     def free(self, i: int) -> None:
@@ -352,13 +377,15 @@ def build_graphs(graph: OpGraph, schedule: Schedule, buffers_in_place: bool = Fa
     saved = checked + states + unchecked + symbolic
     fwd_outputs, fwd_descs = compat.forward_outputs(joint, graph.num_fwd_outputs)
     primals, tangents = compat.primals_and_tangents(joint)
-    saved_nodes = [nodes[s] for s in checked + unchecked + symbolic]
+    # compiled: a recomputed random op's draws are saved themselves (`_BackwardEmitter.saved_draw`)
+    draws = [nodes[s[len(STATE_PREFIX):]] for s in states] if graph.compiled else []
+    saved_nodes = [nodes[s] for s in checked] + draws + [nodes[s] for s in unchecked + symbolic]
     fw_graph = compat.extract_subgraph(joint.graph, primals, fwd_outputs + saved_nodes,
                                        fwd_descs + compat.saved_for_backward_descs(len(saved_nodes)), "forward")
     for n in fw_graph.nodes:
         if n.name in unchecked:
             n.meta[compat.NO_VERSION_CHECK] = True
-    if states:  # save each recomputed random op's generator state right before it runs
+    if states and not graph.compiled:  # save each recomputed random op's generator state right before it runs
         by_name = {n.name: n for n in fw_graph.nodes}
         state_nodes = []
         for s in states:

@@ -166,6 +166,10 @@ class OpGraph:
             first trace of a wrapper made from this capture takes instead of exporting the model
             again (`monet.frontend.rebind` gives it to a copy of the model); None for a graph made
             otherwise.  Not part of the fingerprint.
+        compiled: the step runs compiled by Inductor (`monet.compiled`): a recomputed random op
+            reads its saved outputs instead of replaying the generator (docs/design.md, "Note
+            [Random ops compiled]"), which the memory model counts.  Set with `for_compile`; not
+            part of the fingerprint (the graph is the same; `SolutionMeta.compiled` records it).
     """
 
     fwd: list[Node]
@@ -192,6 +196,7 @@ class OpGraph:
     cuda_capability: tuple[int, int] | None = None
     library_bytes: int = 0
     exported: tuple | None = field(default=None, repr=False)
+    compiled: bool = False
 
     @property
     def fwd_tangent_bytes(self) -> int:
@@ -239,6 +244,10 @@ class OpGraph:
             raise ValueError(f"counted_on: device must be 'cuda' or 'cpu', got {device!r}")
         cap = tuple(int(c) for c in capability) if capability is not None and device == "cuda" else None
         return dataclasses.replace(self, device=device, cuda_capability=cap)
+
+    def for_compile(self, compiled: bool = True) -> "OpGraph":
+        """This graph with `compiled` set (a shallow copy, everything else shared)."""
+        return dataclasses.replace(self, compiled=bool(compiled))
 
     def describe(self) -> str:
         amp = f", {mixed_precision.describe(self.autocast)}" if self.autocast else ""

@@ -145,7 +145,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
              cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
              autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = DEFAULT_GAP,
              cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
-             offload_bandwidth: float | None = None, calibrate: bool = True, buckets=None, lm_loss=None):
+             offload_bandwidth: float | None = None, calibrate: bool = True, buckets=None, lm_loss=None,
+             compile: bool = False):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -228,6 +229,11 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             fit, it is not timed and the solver gets the whole limit, said in the log).  False: the cost model's
             prediction, unmeasured.
 
+        compile: solve for the step compiled by Inductor and return a wrapper that compiles it
+            (`monet.compiled`; docs/guide.md, "torch.compile"): the costs are those of fused kernels
+            (`monet.profiling.compiled_costs`), the mode must be ``"normal"``, and nothing is
+            calibrated (the calibration times the eager step).  The first training step compiles.
+
     The capture and the costs of the last call on a model are kept (`prepare`): a second call on
     the same model, inputs and cost options solves again without capturing, and one after an
     infeasible budget (``budget="min"``, ``if_infeasible="smallest"``) returns the smallest-budget
@@ -243,7 +249,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             which the message names, with the arguments that get it (``budget=<bytes>``,
             ``budget="min"``, ``if_infeasible="smallest"``).
         ValueError: a malformed budget, mode, cost source or optimizer; a budget smaller than the
-            optimizer's state.
+            optimizer's state; ``compile=True`` with a mode other than ``"normal"``.
     """
     from monet.solver.ilp import InfeasibleBudgetError
 
@@ -255,21 +261,21 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
                                 reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
                                 autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
                                 progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
-                                calibrate=calibrate, lm_loss=lm_loss)
+                                calibrate=calibrate, lm_loss=lm_loss, compile=compile)
     if lm_loss == "auto":
         return _optimize_lm_loss(model, example_inputs, budget, mode=mode, time_limit=time_limit, loss_fn=loss_fn,
                                  target=target, optimizer=optimizer, accumulate_grads=accumulate_grads,
                                  reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
                                  autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
                                  progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
-                                 calibrate=calibrate)
+                                 calibrate=calibrate, compile=compile)
     with warnings.catch_warnings(), Progress(progress) as bar:
         if not progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
             warnings.simplefilter("ignore", MonetWarning)
         start = time.perf_counter()
         plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
                        gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True,
-                       lm_loss=lm_loss)
+                       lm_loss=lm_loss, compile=compile)
         elapsed = time.perf_counter() - start
         limit = solve_limit(time_limit, elapsed)
         if limit < time_limit:
@@ -334,6 +340,9 @@ class Plan:
         from monet.impls import mode_tokens
 
         tokens = mode_tokens(mode)
+        if self.graph.compiled and mode != "normal":
+            raise ValueError(f"mode {mode!r} chooses operator implementations of monet's own, which Inductor does not "
+                             "compile: the compiled step (compile=True) is solved in mode 'normal' (keep or recompute)")
         zero = zero_gamma_batchnorms(self.module)
         if "multiway" in tokens and zero:
             mode = "_".join(t for t in ("inplace", "conv", "newnode", "attention") if t in tokens) or "normal"
@@ -548,7 +557,8 @@ def _kept_plan(model: nn.Module, key: tuple):
 
 def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost: str = "hybrid",
             device: str | None = None, gpu_spec: str | None = None, autocast_dtype: torch.dtype | None = None,
-            cache_dir=None, progress: bool | Progress = True, reuse: bool = False, lm_loss=None) -> Plan:
+            cache_dir=None, progress: bool | Progress = True, reuse: bool = False, lm_loss=None,
+            compile: bool = False) -> Plan:
     """Capture and cost ``model`` once (arguments as for `optimize`); solve the `Plan` at any budget.
 
     ``reuse``: take the plan the last `optimize` call kept when it found its budget infeasible,
@@ -580,7 +590,8 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
     inputs = training_inputs(module, inputs)
     device = device or inputs.first.device.type
-    key = _plan_key(model, inputs, loss_fn, (cost, device, gpu_spec, autocast_dtype, str(cache_dir), lm_loss))
+    key = _plan_key(model, inputs, loss_fn, (cost, device, gpu_spec, autocast_dtype, str(cache_dir), lm_loss,
+                                             bool(compile)))
     plan = _kept_plan(model, key) if reuse else None
     if plan is not None:
         plan.progress = bar.enabled
@@ -597,13 +608,15 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
             t0 = time.perf_counter()
             bar.log(f"capturing {name} on {inputs.describe()} ...")
             graph = capture(module, inputs, autocast_dtype=autocast_dtype, lm_loss=lm_loss, log=bar.log,
-                              keep_copy=cost != "analytic")
+                            keep_copy=cost != "analytic").for_compile(compile)
             capture_s = time.perf_counter() - t0
             bar.log(f"captured in {capture_s:.1f} s: {graph.describe()}")
         with bar.phase("costs"):
             t0 = time.perf_counter()
             table, costs = solver_costs(cost, module, inputs, graph, device, gpu_spec, cache_dir)
-            cost_fn = variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec, cache_dir)
+            # the compiled step is solved in normal mode: no implementation variants to cost
+            cost_fn = None if compile else variant_cost_fn(cost, module, inputs, graph, table, device, gpu_spec,
+                                                           cache_dir)
             eager = eager_peak(graph, costs)
             bar.log(f"costed ({cost}) in {time.perf_counter() - t0:.1f} s ({describe_costing(module, graph)}): "
                     f"plain PyTorch's simulated peak {eager / 2**20:.1f} MiB, operators "
@@ -618,7 +631,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     from monet.profiling import calibration
 
     return Plan(module, inputs, graph, costs, cost_fn, eager, device.split(":")[0], name, bar.enabled,
-                calibrates=calibration.applies(cost, device), capture_s=capture_s, key=key)
+                calibrates=calibration.applies(cost, device) and not compile, capture_s=capture_s, key=key)
 
 
 __all__ = ["CALIBRATED_SOLVE_SHARE", "CALL_LIMIT_FACTOR", "solve_limit", "forget_plans", "loss_from_name", "loss_name", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -166,6 +166,9 @@ class SolutionMeta:
             ``"torch.nn.functional.cross_entropy"`` (`monet.plan.loss_name`); None: the model's
             own output (a transformers model given labels computes its loss inside), and files
             written before it.  `MONeTWrapper` rebuilds ``WithLoss`` from it.
+        compiled: solved for the step compiled by Inductor (``monet.optimize(..., compile=True)``,
+            `monet.compiled`): its costs are those of fused kernels and a recomputed random op
+            reads its saved outputs; `MONeTWrapper` compiles it.  False for files written before it.
     """
     model: str
     batch_size: int
@@ -195,6 +198,7 @@ class SolutionMeta:
     inputs_spec: str | None = None  # a class attribute too: old pickles without the field read None
     offload_bandwidth: float | None = None  # likewise
     loss: str | None = None  # likewise
+    compiled: bool = False  # likewise
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -214,6 +218,7 @@ class SolutionMeta:
         self.graph_summary = [str(line) for line in self.graph_summary]
         self.inputs_spec = None if self.inputs_spec is None else str(self.inputs_spec)
         self.loss = None if self.loss is None else str(self.loss)
+        self.compiled = bool(self.compiled)
         recorded = mixed_precision.from_summary(self.graph_summary)
         if self.autocast is not None and mixed_precision.normalize(self.autocast) != recorded:
             raise ValueError(f"autocast {self.autocast!r} disagrees with the graph, which was captured with "

@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from monet.executor import RUNTIME, build_modules
 from monet.capture import opgraph_of
+from monet.compiled import compilers, executor_modules
 from monet.frontend import (ShardedModelError, fsdp_refusal, primal_sources, rebind, trace, tracing, training_inputs,
                             cache_owner)
 from monet.graph import portable_summary
@@ -55,12 +56,21 @@ class ScheduledModule(nn.Module):
             returns the callable AOTAutograd calls, boxed (one list of inputs; the backward's may
             be cleared); None: the modules' own generated code.  `monet.profiling.trace` runs them
             node by node to measure each node's memory.
+        compiled: compile the forward and backward modules with Inductor (`monet.compiled`);
+            ``monet_compiled`` then also holds the compiled ``fw_code`` and ``bw_code`` (the
+            backward's after the first backward pass).
+
+    Raises:
+        ValueError: both ``compiled`` and a ``runner``.
     """
 
     def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None, runner=None,
-                 exported: dict | None = None, transform=None):
+                 exported: dict | None = None, transform=None, compiled: bool = False):
         super().__init__()
+        if compiled and runner is not None:
+            raise ValueError("a ScheduledModule runs its modules compiled or with a runner, not both")
         self.model = model
+        self._compiled = bool(compiled)
         self._make_schedule = make_schedule
         self._check = check
         self._autocast = autocast
@@ -100,22 +110,37 @@ class ScheduledModule(nn.Module):
         sources = primal_sources(gm, self.model, inputs)
         holder = self.monet_compiled
 
+        compiled = self._compiled
+
         def partition(joint, _joint_inputs, *, num_fwd_outputs, **_):
-            graph = opgraph_of(joint, num_fwd_outputs, sources, autocast)
+            graph = opgraph_of(joint, num_fwd_outputs, sources, autocast).for_compile(compiled)
             if self._check is not None:
                 self._check(graph)
             schedule = self._make_schedule(graph)
             if schedule.impl:
                 from monet.impls import apply_impls
                 graph = apply_impls(graph, schedule.impl)
-            # eager PyTorch's kernels or faster ones, the same bits and memory (cuDNN's BatchNorm on
-            # CUDA, fp32 dropout's backward on the CPU)
-            from monet.impls import lower_for_device
-            graph = lower_for_device(graph)
-            fw, bw = build_modules(graph, schedule, **RUNTIME)
+            if compiled:
+                fw, bw = executor_modules(graph, schedule)
+            else:
+                # eager PyTorch's kernels or faster ones, the same bits and memory (cuDNN's BatchNorm
+                # on CUDA, fp32 dropout's backward on the CPU)
+                from monet.impls import lower_for_device
+                graph = lower_for_device(graph)
+                fw, bw = build_modules(graph, schedule, **RUNTIME)
             holder.update(graph=graph, schedule=schedule, fw=fw, bw=bw)
             return fw, bw
 
+        if compiled:
+            def compile_module(which):
+                def compile_it(m, example_inputs):
+                    fw_compile, bw_compile = compilers(holder["graph"].num_fwd_outputs)
+                    code = (fw_compile if which == "fw" else bw_compile)(m, example_inputs)
+                    holder[f"{which}_code"] = code
+                    return code
+                return compile_it
+
+            return trace(gm, partition, fw_compiler=compile_module("fw"), bw_compiler=compile_module("bw"))
         if self._runner is None:
             return trace(gm, partition, fw_compiler=_boxed_forward, bw_compiler=_boxed_backward)
         runner = self._runner
@@ -221,11 +246,13 @@ class MONeTWrapper(nn.Module):
     checkpoints and DistributedDataParallel work as with the original: wrap first, then
     ``DDP(wrapper)``, with each rank's batch the solution's batch size.
 
-    ``torch.compile``: the scheduled training step is a graph break (``torch.compiler.disable``).
-    ``torch.compile(wrapper)`` therefore trains exactly as the wrapper does (the schedule is kept,
-    nothing of the model is compiled in training mode; eval mode is compiled as usual), and
-    ``torch.compile`` of a larger module containing the wrapper compiles the code around it.  A
-    model compiled before wrapping (``MONeTWrapper(torch.compile(model), ...)``) is refused.
+    Compiled: a solution solved with ``monet.optimize(..., compile=True)`` runs its forward and
+    backward modules compiled by Inductor (`monet.compiled`), with the schedule's decisions kept.
+    Otherwise the scheduled training step is a graph break for ``torch.compile``
+    (``torch.compiler.disable``): ``torch.compile(wrapper)`` trains exactly as the wrapper does
+    (eval mode is compiled as usual), and ``torch.compile`` of a larger module containing the
+    wrapper compiles the code around it.  A model compiled before wrapping
+    (``MONeTWrapper(torch.compile(model), ...)``) is refused.
 
     FSDP2 (``torch.distributed.fsdp.fully_shard``): shard the wrappers of the blocks, each with a
     schedule solved for one block, ``model.blocks[i] = fully_shard(MONeTWrapper(block, block_sol))``,
@@ -262,11 +289,14 @@ class MONeTWrapper(nn.Module):
         input_shape: optional: the shape of one sample without the batch dimension, e.g.
             (3, 224, 224), checked against the solution's at once (default: the solution's own;
             the first training call checks the inputs either way).
+        compile: True: the schedule's forward and backward modules are compiled by Inductor
+            (`monet.compiled`), for a solution solved with ``monet.optimize(..., compile=True)``;
+            False: they run eagerly; None (default): as the solution was solved.
 
     Raises:
         monet.solution.SolutionFileError: the file is missing, corrupt or not a monet solution.
         monet.solution.SolutionMismatchError: (on construction) the input shape differs from the
-            solution's, or its recorded loss cannot be imported by name (the message says to pass
+            solution's, ``compile`` asks for the other graph than the solution's, or its recorded loss cannot be imported by name (the message says to pass
             ``WithLoss(model, loss_fn)``); (on the first call) the batch size, dtype or traced
             graph differs.
         monet.solution.AutocastMismatchError: (on a training call; also a RuntimeError) the
@@ -276,11 +306,13 @@ class MONeTWrapper(nn.Module):
             ``fully_shard`` or holds DTensor parameters; the message names the per-block way.
     """
 
-    def __init__(self, model: nn.Module, solution, input_shape=None):
+    def __init__(self, model: nn.Module, solution, input_shape=None, compile: bool | None = None):
         """Wrap ``model`` (an ``nn.Module``) with ``solution`` (a `Solution`, a solution file's
         path, or ``"zoo:NAME"``).  ``input_shape``: optional, one sample's shape without the batch
         dimension, e.g. (3, 224, 224), checked against the solution's at once (a smaller one is
         accepted: it runs the same schedule); the first training call checks the inputs anyway.
+        ``compile``: run the schedule's modules compiled by Inductor (a solution solved with
+        ``compile=True``) or eagerly; None: as the solution was solved.
         A loss the solution traced is put back around the model (`monet.WithLoss`).  Nothing is
         traced here: the first training call does it.  The class docstring has the errors
         (`SolutionFileError`, `SolutionMismatchError`, ``TypeError``, `ShardedModelError`) and an
@@ -288,14 +320,21 @@ class MONeTWrapper(nn.Module):
         super().__init__()
         if compat.is_compiled_module(model):
             raise TypeError("MONeTWrapper needs the original model, not a torch.compile result: wrap "
-                            "`model._orig_mod` (or the model before torch.compile); to compile, pass the "
-                            "wrapper or a module containing it to torch.compile: the scheduled training "
-                            "step runs eagerly as a graph break and the code around it is compiled")
+                            "`model._orig_mod` (or the model before torch.compile); to train the schedule with "
+                            "Inductor's kernels, solve it with monet.optimize(model, ..., compile=True)")
         refusal = fsdp_refusal(model)
         if refusal:
             raise ShardedModelError(refusal)
         if not isinstance(solution, Solution):
             solution = load_solution(solution)
+        solved_compiled = bool(solution.meta.compiled)
+        if compile is not None and bool(compile) != solved_compiled:
+            raise SolutionMismatchError(
+                f"the solution was solved for the {'compiled' if solved_compiled else 'eager'} step and "
+                f"compile={compile!r} asks for the {'compiled' if compile else 'eager'} one, whose costs and memory "
+                f"differ (Inductor's fused kernels): pass compile={solved_compiled}, or solve again with "
+                f"monet.optimize(..., compile={bool(compile)})")
+        self.compiled = solved_compiled
         self.solution = solution
         model = _with_recorded_loss(model, solution.meta)
         self.input_shape = solution.meta.input_shape if input_shape is None else tuple(int(s) for s in input_shape)
@@ -413,7 +452,8 @@ class MONeTWrapper(nn.Module):
             schedule: Schedule = self.solution.schedule
             self.__dict__["_traced"] = ScheduledModule(self.model, lambda g: schedule, check=self._check_graph,
                                                        autocast=autocast, exported=self.__dict__["_exports"],
-                                                       transform=_graph_rewrite(self.solution.meta))
+                                                       transform=_graph_rewrite(self.solution.meta),
+                                                       compiled=self.compiled)
             self.__dict__["_exports"] = {}
         return self._traced.run(key, inputs, autocast)
 

@@ -234,13 +234,25 @@ def solver_costs(cost: str, model, inputs, graph, device: str, gpu_spec: str | N
                  cache_dir=None) -> tuple[pd.DataFrame, "CostArrays"]:
     """``(cost table, the solver's CostArrays)`` of ``graph`` for ``cost``: `cost_table`, and its
     arrays with plain PyTorch's measured iteration as the overhead's reference where there is
-    one (`plain_iteration`).
+    one (`plain_iteration`).  For a graph whose step runs compiled (``graph.compiled``), the
+    compiled step's costs (`monet.profiling.compiled_costs`) from the kernels' own seconds (the
+    quick or full profile where ``cost`` measures times, else the roofline), with the
+    keep-everything schedule's sum as the reference.
 
     Raises:
         ValueError: as `cost_table`.
     """
     from monet.profiling.costs import costs_for
 
+    if graph.compiled:
+        from monet.profiling.compiled_costs import compiled_costs
+
+        if cost not in COST_SOURCES:
+            raise ValueError(f"cost source must be one of {', '.join(COST_SOURCES)}, got {cost!r}")
+        kernels = (measured_table(cost, model, inputs, graph, device, cache_dir) if measures_times(cost, device)
+                   else cost_table(cost, model, inputs, graph, device, gpu_spec, cache_dir))
+        table = compiled_costs(graph, kernels, device_spec(gpu_spec, device))
+        return table, costs_for(graph, table)
     table = cost_table(cost, model, inputs, graph, device, gpu_spec, cache_dir)
     return table, costs_for(graph, table, plain_time_s=plain_iteration(cost, model, inputs, graph, device, cache_dir))
 

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from monet.graph import OpGraph
+from monet.graph import OpGraph, tensors_in
 from monet.profiling.cuda_memory import memory_terms, sized_graph
 from monet.rng import random_op_device, state_meta
 
@@ -414,7 +414,8 @@ class _Index:
 
 def rng_state_bytes(graph: OpGraph) -> np.ndarray:
     """(N,) bytes of the generator state saved for each forward node that draws random numbers
-    (0 for the others), on the device it draws on (`monet.rng`), counted as the graph's device
+    (0 for the others), on the device it draws on (`monet.rng`; in a graph traced for Inductor
+    the draw's output itself, docs/design.md "Note [Random ops compiled]"), counted as the graph's device
     counts a tensor (`monet.profiling.cuda_memory.memory_terms`): exact on the CPU (5,056 bytes), an
     allocator block on a CUDA graph (512 for a CUDA generator's 16 bytes, 5,120 for the CPU
     generator's 5,056), as the simulator counts the saved state and the one a replay holds."""
@@ -424,7 +425,9 @@ def rng_state_bytes(graph: OpGraph) -> np.ndarray:
         terms = memory_terms(graph)
         for fx_node in graph.joint.graph.nodes:
             if fx_node.name in random:
-                out[random[fx_node.name]] = terms.tensor(state_meta(random_op_device(fx_node)))
+                # compiled: the draw's own output is what is saved (Note [Random ops compiled])
+                states = tensors_in(fx_node.meta["val"]) if graph.compiled else [state_meta(random_op_device(fx_node))]
+                out[random[fx_node.name]] = sum(terms.tensor(t) for t in states)
     return out
 
 
@@ -627,7 +630,8 @@ def _stage_reads(graph: OpGraph, options: list[Option], groups: _Groups, choices
                  governed: dict, out_bytes: np.ndarray) -> dict:
     """What each stage reads: ``reads`` (rows of (t, group, option or -1)), ``bwd_read_group``
     (T, G), ``bwd_read_bytes`` (T, N: the bytes of node i's values that backward node t reads, at
-    most its outputs) and ``read_edges`` (rows of (group, forward node reading it))."""
+    most its outputs) and ``read_edges`` (rows of (group, forward node reading it when it is
+    recomputed))."""
     N, T, G = len(graph.fwd), len(graph.bwd), len(groups.keys)
     reads = []
     for t, node in enumerate(graph.bwd):
@@ -644,8 +648,10 @@ def _stage_reads(graph: OpGraph, options: list[Option], groups: _Groups, choices
     rt, rg = np.nonzero(bwd_read_group)
     bwd_read_bytes = np.zeros((T, N))
     np.add.at(bwd_read_bytes, (rt, gnode[rg]), np.array(groups.saved_bytes, dtype=float)[rg])
-    read_edges = np.array(sorted({(groups.of[v], node.id) for node in graph.fwd for v in node.reads}),
-                          dtype=int).reshape(-1, 2)
+    # a compiled step's recomputed random op reads its saved draws, not its inputs (docs/design.md,
+    # "Note [Random ops compiled]")
+    read_edges = np.array(sorted({(groups.of[v], node.id) for node in graph.fwd for v in node.reads
+                                  if not (graph.compiled and node.random)}), dtype=int).reshape(-1, 2)
     return dict(reads=reads, bwd_read_group=bwd_read_group, read_edges=read_edges,
                 bwd_read_bytes=np.minimum(bwd_read_bytes, out_bytes[None, :]))
 

@@ -62,7 +62,8 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
                         monet_version=monet.__version__, fingerprint=graph.fingerprint,
                         graph_summary=graph.summary, n_fwd=len(graph.fwd), n_bwd=len(graph.bwd),
                         eager_time_s=eager_time, inputs_spec=info.get("inputs_spec"),
-                        offload_bandwidth=offload_bandwidth if offload else None, loss=info.get("loss"))
+                        offload_bandwidth=offload_bandwidth if offload else None, loss=info.get("loss"),
+                        compiled=graph.compiled)
     return Solution(schedule=schedule, S=np.asarray(S, dtype=bool), R=np.asarray(R, dtype=bool), meta=meta)
 
 

@@ -1,0 +1,174 @@
+"""The compiled step (``monet.optimize(..., compile=True)``, `monet.compiled`): the schedule's forward
+and backward modules compiled by Inductor.
+
+On a small stack of transformer MLP blocks (LayerNorm, two linear layers, GELU, dropout where
+asked), costed analytically so that the schedules do not depend on this machine's speed:
+
+* the gradients are those of ``torch.compile`` with no budget, within 1e-5 relative, and the
+  measured peak is at or under the budget;
+* the schedule's recomputations are in Inductor's backward code: it calls one library kernel
+  (matrix product) per matrix product of the backward module, recomputations included;
+* a recomputed dropout reads the draws its forward saved: the same gradients as the compiled step
+  that keeps everything, from the same seed;
+* a solution for the eager step is refused compiled, and a mode other than normal is refused.
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from monet import compat
+from monet.inputs import ExampleInputs
+from monet.plan import WithLoss, prepare
+from monet.profiling import check as chk
+from monet.profiling.compiled_costs import is_library_node
+from monet.executor import check_steps
+from monet.solution import Schedule, SolutionMismatchError, Stage
+from monet.wrapper import MONeTWrapper
+
+WIDTH, TOKENS, BATCH, CLASSES = 32, 64, 8, 5
+
+
+class Block(nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.up = nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = nn.Linear(4 * WIDTH, WIDTH)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(self.down(F.gelu(self.up(self.norm(x)))))
+
+
+class Stack(nn.Module):
+    def __init__(self, layers: int = 3, p: float = 0.0):
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block(p) for _ in range(layers)])
+        self.head = nn.Linear(WIDTH, CLASSES)
+
+    def forward(self, x):
+        return self.head(self.blocks(x).mean(dim=1))
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(BATCH, TOKENS, WIDTH, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen)
+
+
+def _plan(p: float = 0.0):
+    torch.manual_seed(0)
+    x, y = _batch()
+    return prepare(Stack(p=p), x, loss_fn=F.cross_entropy, target=y, cost="analytic", progress=False,
+                   compile=True), x, y
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return _plan()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def _step(module, x, y, seed: int = 0):
+    """One training step's loss and gradients (by parameter position)."""
+    torch.manual_seed(seed)
+    for p in module.parameters():
+        p.grad = None
+    loss = module(x, target=y)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in module.parameters()]
+
+
+def _library_nodes(gm) -> int:
+    """Matrix products and other library kernels of an executor module (after dead-code elimination:
+    what any compiler of it computes)."""
+    g = copy.deepcopy(gm.graph)
+    g.eliminate_dead_code()
+    return sum(1 for n in g.nodes if n.op == "call_function" and is_library_node(n))
+
+
+def _library_calls(code: str) -> int:
+    return len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.aten\.\w+\.\w+\(", code))
+
+
+def test_compiled_step_matches_torch_compile_under_the_budget(plan):
+    plan, x, y = plan
+    sol = plan.solve("50%", time_limit=20)
+    assert sol.meta.compiled and sol.schedule.recompute_count() > 0
+    wrapper = plan.wrap(sol, WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy))
+    assert wrapper.compiled
+    reference = torch.compile(WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy))
+    loss_ref, grads_ref = _step(reference, x, y)
+    loss, grads = _step(wrapper, x, y)
+    assert torch.allclose(loss, loss_ref, rtol=1e-5, atol=0)
+    worst = chk.max_rel_diff(dict(enumerate(grads)), dict(enumerate(grads_ref)))
+    assert len(grads) == len(grads_ref) and worst <= 1e-5, f"gradients {worst:.2e} from torch.compile's"
+    inputs = ExampleInputs((x,), {"target": y})
+    peak = chk.step_peak(wrapper, inputs)
+    assert peak <= sol.meta.budget_bytes, f"measured {peak} bytes over the budget {sol.meta.budget_bytes}"
+    plain = chk.step_peak(reference, inputs)
+    assert plain > sol.meta.budget_bytes, "torch.compile fits the budget: the test would not tell"
+
+
+def test_recomputations_are_in_the_compiled_backward(plan):
+    plan, x, y = plan
+    least = plan.solve("min", time_limit=20)
+    by_name = {n.name: n for n in plan.graph.joint.graph.nodes}
+    recomputed = [i for s in least.schedule.stages for i in s.recompute
+                  if is_library_node(by_name[plan.graph.fwd[i].name])]
+    assert recomputed, "the smallest schedule recomputes no matrix product: the test would not tell"
+    counts = {}
+    for name, sol in (("keep", plan.solve("100%", time_limit=10)), ("least", least)):
+        wrapper = plan.wrap(sol, WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy))
+        _step(wrapper, x, y)
+        held = wrapper.scheduled.monet_compiled
+        counts[name] = (_library_nodes(held["bw"]), _library_calls(compat.inductor_source(held["bw_code"])))
+    assert counts["keep"][0] == counts["keep"][1] > 0
+    assert counts["least"][0] == counts["least"][1] == counts["keep"][1] + len(recomputed), counts
+
+
+def test_recomputed_dropout_reads_its_saved_draws():
+    """The keep-all schedule with every dropout recomputed in the first stage instead of kept: the
+    same loss and gradients from the same seed (a dropout drawn again would draw other masks)."""
+    plan, x, y = _plan(p=0.3)
+    keep = plan.solve("100%", time_limit=10)
+    drops = tuple(n.id for n in plan.graph.fwd if n.random)
+    assert drops and set(drops) <= set(keep.schedule.saved)
+    first, *rest = keep.schedule.stages
+    recomputed = copy.deepcopy(keep)
+    recomputed.schedule = Schedule(tuple(i for i in keep.schedule.saved if i not in drops),
+                                   [Stage(first.backward, drops + first.recompute, first.release), *rest],
+                                   keep.schedule.impl, keep.schedule.inplace)
+    check_steps(plan.graph, recomputed.schedule)
+    results = []
+    for sol in (keep, recomputed):
+        wrapper = plan.wrap(sol, WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy))
+        results.append(_step(wrapper, x, y, seed=3))
+    (loss_keep, grads_keep), (loss, grads) = results
+    assert torch.equal(loss, loss_keep)
+    assert chk.max_rel_diff(dict(enumerate(grads)), dict(enumerate(grads_keep))) <= 1e-5
+
+
+def test_an_eager_solution_is_refused_compiled(plan):
+    plan, x, y = plan
+    sol = copy.deepcopy(plan.solve("100%", time_limit=5))
+    sol.meta.compiled = False
+    with pytest.raises(SolutionMismatchError, match="compile=False"):
+        MONeTWrapper(WithLoss(copy.deepcopy(plan.module.model), F.cross_entropy), sol, compile=True)
+
+
+def test_full_mode_is_refused_compiled(plan):
+    plan, _, _ = plan
+    with pytest.raises(ValueError, match="mode 'normal'"):
+        plan.solve("50%", mode="full", time_limit=5)
