@@ -6,7 +6,8 @@ each a module that trains the same model.
   segment's input and recompute the segment during the backward pass, with
   ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
 * `compile_with_activation_budget`: ``torch.compile(model, backend="aot_eager_decomp_partition")``
-  with ``torch._functorch.config.activation_memory_budget`` set while the graph is partitioned
+  (or ``"inductor"``, the compiled peers of ``monet.optimize(..., compile=True)``) with
+  ``torch._functorch.config.activation_memory_budget`` set while the graph is partitioned
   (PyTorch's own knapsack-based recompute-or-save choice; 1.0 keeps what the default partitioner
   keeps, 0.0 recomputes everything that can be recomputed).
 
@@ -361,40 +362,48 @@ def checkpoint_blocks(model: nn.Module, segments: int | None = None) -> str:
 
 
 class CompiledWithBudget(nn.Module):
-    """``torch.compile(model, backend="aot_eager_decomp_partition")`` partitioned under a budget.
+    """``torch.compile(model, backend=backend)`` partitioned under a budget.
 
     Every call runs inside ``torch._functorch.config.patch(activation_memory_budget=budget)``, so
     the first call's compilation -- and any later recompilation -- partitions the joint graph
-    with this budget.  ``torch.compiler.reset()`` is called on construction so that no graph
-    compiled under another budget is reused (it clears dynamo's caches for every compiled
-    module in the process).
+    with this budget.  ``reset``: ``torch.compiler.reset()`` on construction, so that no graph
+    compiled under another budget is reused (it clears dynamo's caches for every compiled module
+    in the process); without it, the graph of another ``torch.compile`` call is not reused either
+    (Dynamo guards each cache entry on the backend object it was compiled with), and the others
+    compiled in the process keep theirs.
     """
 
-    def __init__(self, model: nn.Module, budget: float):
+    def __init__(self, model: nn.Module, budget: float, backend: str = "aot_eager_decomp_partition",
+                 reset: bool = True):
         super().__init__()
         if not (0.0 <= float(budget) <= 1.0):
             raise ValueError(f"activation_memory_budget must lie in [0, 1], got {budget}")
         self.budget = float(budget)
-        torch.compiler.reset()
+        if reset:
+            torch.compiler.reset()
         self.model = model
-        self.compiled = torch.compile(model, backend="aot_eager_decomp_partition")
+        self.backend = backend
+        self.compiled = torch.compile(model, backend=backend)
 
     def forward(self, *args, **kwargs):
         with activation_memory_budget(self.budget):
             return self.compiled(*args, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"activation_memory_budget={self.budget}"
+        return f"activation_memory_budget={self.budget}, backend={self.backend}"
 
 
-def compile_with_activation_budget(model: nn.Module, budget: float) -> CompiledWithBudget:
-    """``model`` compiled with the aot_eager_decomp_partition backend at ``activation_memory_budget=budget``.
+def compile_with_activation_budget(model: nn.Module, budget: float, backend: str = "aot_eager_decomp_partition",
+                                   reset: bool = True) -> CompiledWithBudget:
+    """``model`` compiled with ``backend`` (default aot_eager_decomp_partition: the partitioner with
+    eager kernels; ``"inductor"``: ``torch.compile``'s default) at ``activation_memory_budget=budget``.
 
     Args:
         model: any model ``torch.compile`` can trace.
         budget: fraction in [0, 1] of the default partitioner's saved activations to keep.
+        backend, reset: as `CompiledWithBudget` takes them.
     """
-    return CompiledWithBudget(model, budget)
+    return CompiledWithBudget(model, budget, backend, reset)
 
 
 def chen_checkpoint(model: nn.Module) -> tuple[nn.Module, str]:

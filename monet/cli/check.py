@@ -23,7 +23,8 @@ Peak memory is one forward+backward iteration after warm-up, no optimizer step, 
 (CPU: the profiler's allocation events; CUDA: max_memory_allocated). Overhead is the median
 iteration time of the schedule over plain PyTorch's, interleaved in one process, minus 1.
 Exit status 1 when the measured peak exceeds the budget or a gradient differs by more than 1e-5
-(relative). A solution solved with --autocast is checked under that autocast (forward inside
+(relative). A solution of monet solve --compile runs compiled by Inductor and is checked against
+torch.compile with no budget (gradients, peak, time). A solution solved with --autocast is checked under that autocast (forward inside
 torch.autocast, backward outside, for both), with a tolerance of one unit of the 16-bit precision
 (bf16: 2^-7, fp16: 2^-10) for implementations that round differently; recomputation alone is
 bitwise.
@@ -59,6 +60,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:N or auto (default: the solution's device if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("--compile", action="store_true",
+                   help="check the compiled step (a solution of monet solve --compile, which is checked so "
+                        "anyway) against torch.compile with no budget instead of eager PyTorch")
     p.add_argument("--trace", action="store_true",
                    help="record one iteration node by node, measured against simulated bytes (only this check)")
     p.add_argument("--trace-out", metavar="PATH", default=None,
@@ -130,29 +134,39 @@ def run(args) -> int:
                           dtype=None if spec else dtype, inputs_spec=spec)
         g = chk.output_grad(model, x, autocast=amp)  # None: trained through its loss (loss_of)
 
+    compiled = bool(getattr(meta, "compiled", False))
+    if args.compile and not compiled:
+        raise CLIError(f"{args.file} was solved for the eager step: solve it with monet solve --compile to check "
+                       "the compiled step")
+    if (args.trace or args.trace_out) and compiled:
+        raise CLIError("--trace runs the schedule node by node, eagerly: a compiled solution has no such step")
     if args.trace or args.trace_out:
         return _record(args, sol, model_name, model, x, g, amp, device)
+    reference = "torch.compile" if compiled else "plain PyTorch"
 
     def wrapped_model():
         return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
+
+    def plain_model():
+        plain = copy.deepcopy(model)
+        return torch.compile(plain) if compiled else plain
 
     results = dict(peak_bytes=None, eager_measured_peak_bytes=None, grad_rel_error=None,
                    grads_bitwise_equal=None, buffers_bitwise_equal=None, overhead=None,
                    median_time_s=None, eager_median_time_s=None)
     try:
         if want_diff:
-            with timed_step("comparing gradients with plain PyTorch (one iteration, same weights and RNG)"):
-                diff, equal, bequal = chk.compare_gradients(lambda: copy.deepcopy(model), wrapped_model, x, g,
-                                                            autocast=amp)
+            with timed_step(f"comparing gradients with {reference} (one iteration, same weights and RNG)"):
+                diff, equal, bequal = chk.compare_gradients(plain_model, wrapped_model, x, g, autocast=amp)
             results.update(grad_rel_error=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
         if want_bs or want_rt:
-            wrapped, plain = wrapped_model(), copy.deepcopy(model)
+            wrapped, plain = wrapped_model(), plain_model()
         if want_bs:
-            with timed_step("measuring the peak memory of one iteration: schedule, then plain PyTorch"):
+            with timed_step(f"measuring the peak memory of one iteration: schedule, then {reference}"):
                 results["peak_bytes"] = chk.measure_iteration_peak(wrapped, x, g, autocast=amp)
                 results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(plain, x, g, autocast=amp)
         if want_rt:
-            with timed_step(f"timing the schedule against plain PyTorch ({args.repeats} interleaved iterations)"):
+            with timed_step(f"timing the schedule against {reference} ({args.repeats} interleaved iterations)"):
                 frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats,
                                             warmup=0 if want_bs else 1, autocast=amp)
             results.update(overhead=frac, median_time_s=tw, eager_median_time_s=tp)
@@ -166,7 +180,7 @@ def run(args) -> int:
                         f"({fmt_size(budget)})")
     diff = results["grad_rel_error"]
     if diff is not None and not diff <= tolerance:
-        failures.append(f"gradients differ from plain PyTorch by {diff:.3g} (relative), more than "
+        failures.append(f"gradients differ from {reference} by {diff:.3g} (relative), more than "
                         f"{tolerance:g}" + (f" (one unit of {amp[1]} precision)" if amp else ""))
 
     rows = [("budget", fmt_mib(budget)), ("predicted peak (schedule)", fmt_mib(meta.predicted_peak_bytes)),
@@ -174,7 +188,7 @@ def run(args) -> int:
     if peak is not None:
         eager_m = results["eager_measured_peak_bytes"]
         rows += [("measured peak (schedule)", fmt_mib(peak)),
-                 ("measured peak (plain PyTorch)", fmt_mib(eager_m)),
+                 (f"measured peak ({reference})", fmt_mib(eager_m)),
                  ("measured / budget", f"{peak / budget:.3f}"),
                  ("predicted / measured", f"{meta.predicted_peak_bytes / peak:.3f}"),
                  ("memory saved", f"{100 * (1 - peak / eager_m):.1f} %" if eager_m else "-")]
@@ -184,7 +198,7 @@ def run(args) -> int:
                  ("buffers bitwise equal", str(results["buffers_bitwise_equal"]))]
     if results["overhead"] is not None:
         rows += [("median iteration (schedule)", f"{1e3 * results['median_time_s']:.2f} ms"),
-                 ("median iteration (plain PyTorch)", f"{1e3 * results['eager_median_time_s']:.2f} ms"),
+                 (f"median iteration ({reference})", f"{1e3 * results['eager_median_time_s']:.2f} ms"),
                  ("overhead (measured)", fmt_pct(results["overhead"]))]
     rows.append(("result", "FAILED" if failures else "passed"))
     print(rows_table(rows))

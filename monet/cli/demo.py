@@ -73,6 +73,10 @@ def add_arguments(p) -> None:
                                                     "implementations chosen too)")
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET, metavar="F",
                    help="torch.compile's activation_memory_budget, in [0, 1]")
+    p.add_argument("--compile", action="store_true",
+                   help="also monet compiled by Inductor at the first of --budgets (monet.optimize(..., "
+                        "compile=True)) and torch.compile with Inductor at --compile-budget (each compiles: "
+                        "minutes on a CPU)")
     p.add_argument("--steps", type=int, default=3, help="SGD steps of the gradient check")
     p.add_argument("--repeats", type=int, default=7, help="timed iterations of each method for the overhead (interleaved with plain PyTorch; the median of each turn's ratio is taken)")
     # 10 s: with measured CPU costs a 5 s solve at 40 % left a +186 % schedule (1233 recomputations)
@@ -162,20 +166,21 @@ def _check_options(args) -> list[str]:
     return budgets
 
 
-def _solve(plan, budget: str, args):
-    """(budget, `Solution`, note) of ``plan`` at ``budget`` (at the smallest feasible budget found
-    when ``budget`` is below it: the note says so).
+def _solve(plan, budget: str, args, mode: str | None = None):
+    """(budget, `Solution`, note) of ``plan`` at ``budget`` in ``mode`` (default --mode; at the
+    smallest feasible budget found when ``budget`` is below it: the note says so).
 
     Raises:
         CLIError: the solver failed (the message says why).
     """
-    with timed_step(f"solving at {budget} ({args.mode}, CBC, time limit {args.time_limit:g} s)") as s:
+    mode = mode or args.mode
+    with timed_step(f"solving at {budget} ({mode}, CBC, time limit {args.time_limit:g} s)") as s:
         try:
             with reported(f"--budgets {budget}: "):
                 # the cost model's prediction, uncalibrated: timing each schedule at solve time
                 # (monet.profiling.calibration) doubled the demo's minute, and the demo times every
                 # schedule anyway
-                sol = plan.solve(budget, mode=args.mode, time_limit=args.time_limit, if_infeasible="smallest",
+                sol = plan.solve(budget, mode=mode, time_limit=args.time_limit, if_infeasible="smallest",
                                  calibrate=False)
         except RuntimeError as e:
             raise CLIError(str(e)) from None
@@ -252,7 +257,20 @@ def run(args) -> int:
                                predicted_peak_bytes=sol.meta.predicted_peak_bytes,
                                predicted_overhead=sol.meta.predicted_overhead(), note=note),
                   lambda sol=sol: plan.wrap(sol, fresh())) for budget, sol, note in solutions]
-    for r, make in [chen, *schedules, compiled]:  # torch.compile last: it resets dynamo's caches
+    inductor = []
+    if args.compile:  # monet compiled at the first budget, and torch.compile with Inductor's kernels
+        with timed_step("capturing and costing the compiled step") as s:
+            with reported():
+                plan_c = prepare(copy.deepcopy(model), x, loss_fn=loss_fn, target=target, cost="hybrid",
+                                 cache_dir=args.cache_dir, progress=False, compile=True)
+        budget, sol, note = _solve(plan_c, budgets[0], args, mode="normal")
+        inductor = [(MethodResult(f"monet compiled {budget}", budget_bytes=sol.meta.budget_bytes,
+                                  predicted_peak_bytes=sol.meta.predicted_peak_bytes,
+                                  predicted_overhead=None, note=note),
+                     lambda sol=sol: plan_c.wrap(sol, fresh())),
+                    (MethodResult(f"torch.compile {args.compile_budget:g} inductor"),
+                     lambda: compile_with_activation_budget(fresh(), args.compile_budget, backend="inductor"))]
+    for r, make in [chen, *schedules, *inductor, compiled]:  # torch.compile's last: they reset dynamo's caches
         with timed_step(f"measuring {r.method}: peak, {args.steps} SGD steps, {args.repeats} timed iterations"):
             try:
                 candidate = make()
@@ -262,7 +280,7 @@ def run(args) -> int:
                 continue
             measure_method(r, candidate, plain, reference, inputs, args.steps, args.repeats, loss_of, log)
     torch.compiler.reset()
-    ordered = [base, chen[0], compiled[0], *(r for r, _ in schedules)]
+    ordered = [base, chen[0], compiled[0], *(r for r, _ in schedules), *(r for r, _ in inductor)]
 
     print()
     print(f"{name}, inputs {x.describe()}, {device}; monet in {args.mode} mode, budgets of plain PyTorch's "

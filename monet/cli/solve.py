@@ -92,14 +92,17 @@ def add_arguments(p) -> None:
                         help="solve at the smallest feasible budget (found by a first search); in --mode normal "
                              "where one percent of plain PyTorch's peak less would cost more than 10 points of "
                              "overhead (the log says what each further MiB would cost)")
-    p.add_argument("--mode", default="inplace_conv_multiway_newnode",
+    p.add_argument("--mode", default=None,
                    help="what the ILP may choose (MONeT's modes): none (keep everything: plain PyTorch), "
                         "normal (recompute or store), or tokens joined by '_': conv (convolution "
                         "algorithms), multiway (store a node's input or output), newnode (compact "
                         "values: 1-bit ReLU/dropout masks, 4-bit max-pool offsets), inplace (ReLU and add "
                         "overwrite their input; every mode does it now), attention (SDPA backends). Default: "
-                        "inplace_conv_multiway_newnode (MONeT's full mode); 'full' is every token, "
-                        "attention included")
+                        "inplace_conv_multiway_newnode (MONeT's full mode), normal with --compile; 'full' is "
+                        "every token, attention included")
+    p.add_argument("--compile", action="store_true",
+                   help="solve for the step compiled by Inductor (monet.optimize(..., compile=True)): the "
+                        "compiled step's costs, --mode normal; the solution then runs compiled")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="seconds for everything after the capture and the costing: the smallest-budget "
                         "search (--min-budget: half of it), the solve and the timing of the solved "
@@ -163,6 +166,11 @@ def run(args) -> int:
     from monet.solver.deadline import Deadline
     from monet.solver.solve import SEARCH_SHARE
 
+    if args.mode is None:
+        args.mode = "normal" if args.compile else "inplace_conv_multiway_newnode"
+    if args.compile and args.mode != "normal":
+        raise CLIError(f"--compile solves in --mode normal (keep or recompute): mode {args.mode!r} chooses operator "
+                       "implementations of monet's own, which Inductor does not compile")
     with reported():
         mode_tokens(args.mode)
     output = Path(args.output)
@@ -187,10 +195,12 @@ def run(args) -> int:
     model, x, graph = build_and_capture(args.model, args.batch_size, shape, on, spec, amp,
                                         building=f"building {args.model}")
     capture_s = time.perf_counter() - t0  # about what each trace of a timed executor costs
+    graph = graph.for_compile(args.compile)
     with timed_step(f"costing ({args.cost})") as s:
         table, costs = costs_table(args.cost, model, x, graph, device, args.gpu_spec, args.cache_dir)
         s["note"] = f"operators {1e3 * costs.total_time:.1f} ms per iteration"
-    cost_fn = cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec, args.cache_dir)
+    cost_fn = None if args.compile else cost_fn_for(args.cost, model, x, graph, table, device, args.gpu_spec,
+                                                    args.cache_dir)
     if args.cost == "analytic":
         log("note: analytic costs charge every operator an upper bound on its workspace (per op family; "
             "monet.profiling.workspace), so the predicted peak is a bound; --cost hybrid or --cost "
@@ -204,7 +214,7 @@ def run(args) -> int:
         log(f"note: {note}")
     info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
     deadline = Deadline(args.time_limit)  # one for the search, the solve and the timing
-    calibrating = args.calibrate and calibrates(args.cost, device)
+    calibrating = args.calibrate and calibrates(args.cost, device) and not args.compile  # times the eager step
     calibrating = calibrating and timing_fits(costs, deadline.left() * (1 - CALIBRATED_SOLVE_SHARE), 2, capture_s, log)
     solving = Deadline(deadline.left() * (CALIBRATED_SOLVE_SHARE if calibrating else 1.0))
     try:
