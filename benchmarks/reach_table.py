@@ -3,7 +3,7 @@
     python benchmarks/reach_table.py [--models a,b] [--time-limit 20] [--out BENCHMARKS.md]
 
 For each tiny torchvision, timm and transformers model of ``tests/reach_models.py`` (a classifier is
-trained with ``F.cross_entropy`` through `monet.plan.WithLoss`; a transformers model given
+trained with ``F.cross_entropy`` through `monet.with_loss.WithLoss`; a transformers model given
 ``labels`` computes its own loss):
 
 1. `monet.plan.prepare` once (hybrid costs); plain PyTorch's measured peak

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "optimize": "monet.plan",
     "prepare": "monet.plan",
-    "WithLoss": "monet.plan",
+    "WithLoss": "monet.with_loss",
     "MONeTWrapper": "monet.wrapper",
     "Solution": "monet.solution",
     "load_solution": "monet.solution",

@@ -107,7 +107,7 @@ def _fsdp_managed_as_plain(model: nn.Module):
 
 def _forward_taking(model: nn.Module, name: str) -> nn.Module | None:
     """The module whose ``forward`` takes the keyword ``name``: ``model`` itself, or the model a
-    wrapper passes its keyword arguments on to (``.model`` of `monet.plan.WithLoss`), else None."""
+    wrapper passes its keyword arguments on to (``.model`` of `monet.with_loss.WithLoss`), else None."""
     seen = set()
     while isinstance(model, nn.Module) and id(model) not in seen:
         seen.add(id(model))
@@ -128,7 +128,7 @@ _WARNED_USE_CACHE: set = set()
 
 def cache_owner(model: nn.Module) -> nn.Module | None:
     """The module of ``model`` whose forward takes ``use_cache`` (``model`` itself, or the model
-    a wrapper such as `monet.plan.WithLoss` passes its keyword arguments to), or None; what
+    a wrapper such as `monet.with_loss.WithLoss` passes its keyword arguments to), or None; what
     `training_inputs` reads its ``config`` from.  Reads the forwards' signatures: a caller that
     runs every step keeps it (`monet.wrapper.MONeTWrapper` does)."""
     return _forward_taking(model, "use_cache")

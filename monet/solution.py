@@ -163,7 +163,7 @@ class SolutionMeta:
             planned for (`solver.offload`); None: no offload (and files written before it).
         loss: the loss function traced with the model (``monet.optimize(..., loss_fn=)``, the
             graph is then that of `monet.WithLoss`), by its importable name, e.g.
-            ``"torch.nn.functional.cross_entropy"`` (`monet.plan.loss_name`); None: the model's
+            ``"torch.nn.functional.cross_entropy"`` (`monet.with_loss.loss_name`); None: the model's
             own output (a transformers model given labels computes its loss inside), and files
             written before it.  `MONeTWrapper` rebuilds ``WithLoss`` from it.
         compiled: solved for the step compiled by Inductor (``monet.optimize(..., compile=True)``,

@@ -16,6 +16,7 @@ from monet.graph import portable_summary
 from monet import compat, mixed_precision
 from monet.inputs import ExampleInputs, call_key
 from monet.stack import export_stack
+from monet.with_loss import WithLoss, loss_from_name
 from monet.solution import (AutocastMismatchError, Schedule, Solution, SolutionMismatchError,
                             check_compatible, load_solution)
 
@@ -212,8 +213,6 @@ def _with_recorded_loss(model: nn.Module, meta) -> nn.Module:
 
     Raises:
         SolutionMismatchError: the recorded loss cannot be imported by its name."""
-    from monet.plan import WithLoss, loss_from_name
-
     name = getattr(meta, "loss", None)
     if name is None or isinstance(model, WithLoss):
         return model
