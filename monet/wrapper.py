@@ -372,8 +372,10 @@ class MONeTWrapper(nn.Module):
                 return
             raise SolutionMismatchError(
                 f"the solution was made for inputs {made}; at {shape} this model's graph is not the same graph "
-                f"with smaller sizes (other operators), so its schedule cannot run it: solve for {shape} too "
-                "(for a smaller last batch: or drop it, drop_last=True)")
+                f"with smaller sizes (other operators), so its schedule cannot run it: solve for {shape} too, "
+                "or, where the sequence length changes from batch to batch, solve one schedule per length with "
+                "monet.optimize(..., buckets=[...]) (monet.buckets) (for a smaller last batch: or drop it, "
+                "drop_last=True)")
         check_compatible(meta, graph.fingerprint, graph.summary, batch_size=meta.batch_size,
                          input_shape=meta.input_shape, dtype=meta.dtype, nodes=(len(graph.fwd), len(graph.bwd)))
 

@@ -128,7 +128,7 @@ def test_smaller_batch_of_a_language_model(tmp_path_factory):
     assert wrapped.scheduled.monet_compiled["graph"].input_shape[0] == 3
     assert chk.step_peak(wrapped, three) <= sol.meta.budget_bytes
     one = {k: (v[:1] if isinstance(v, torch.Tensor) else v) for k, v in four.items()}
-    with pytest.raises(SolutionMismatchError, match=r"solve for \(1, 16\) too.*drop_last=True"):
+    with pytest.raises(SolutionMismatchError, match=r"solve for \(1, 16\) too.*buckets=.*drop_last=True"):
         wrapped(**one)
 
 
