@@ -1,17 +1,16 @@
 """The compiled path: a schedule's forward and backward modules compiled by Inductor.
 
-``monet.optimize(model, batch, budget, compile=True)`` captures the joint graph that
-``torch.compile`` would compile (Inductor's decompositions and joint-graph passes:
-`monet.frontend.trace`), solves the schedule on it, and hands the executor's forward and backward
-modules (`monet.executor.build_modules`) to Inductor's compiler instead of running them node by
-node.  The schedule's decisions are in those modules' graphs: what the forward returns for the
-backward (the kept values), the recomputed nodes copied into the backward, and where each value is
-last read.  Inductor fuses and orders what it is given; `COMPILE_OPTIONS` are the options under
-which it keeps those decisions (docs/design.md, "Note [Compiled schedule]").
+``monet.optimize(model, batch, budget, compile=True)`` captures the same ATen graph as for the
+eager step (`monet.capture`), costs it as Inductor runs it (`monet.profiling.compiled_costs`),
+solves the schedule on it, and hands the executor's forward and backward modules
+(`executor_modules`) to Inductor's compiler instead of running them node by node.  The schedule's
+decisions are in those modules' graphs: what the forward returns for the backward (the kept
+values), the recomputed nodes copied into the backward, and where each value is last read.  Each
+module is decomposed with Inductor's table and passes first (`decomposed`); Inductor fuses and
+orders what it is given, under `COMPILE_OPTIONS` and with horizontal fusion only within one stage
+(`same_stage`), which keep those decisions (docs/design.md, "Note [Compiled schedule]").
 """
 from __future__ import annotations
-
-import re
 
 import torch.fx as fx
 
@@ -22,6 +21,10 @@ from monet.solution import Schedule
 
 #: Inductor's options for the schedule's modules (docs/design.md, "Note [Compiled schedule]")
 COMPILE_OPTIONS: dict = {"reorder_for_peak_memory": False}
+
+#: the executor's marks on its modules' nodes that the decomposition keeps: the node each comes
+#: from (``monet``) and the stage of the backward it is computed in (``monet_stage``)
+TAGS = ("monet", "monet_stage")
 
 
 def executor_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -37,17 +40,16 @@ def executor_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule
 
 
 def compilers(user_outputs: int):
-    """(forward compiler, backward compiler) for AOTAutograd (`monet.frontend.trace`): each
-    compiles the module it is given with Inductor under `COMPILE_OPTIONS` and returns the compiled
-    callable (boxed calling convention).  ``user_outputs``: how many of the forward module's
+    """(forward compiler, backward compiler) for AOTAutograd (the wrapper's trace,
+    `monet.wrapper.ScheduledModule`): each compiles the module it is given (`decomposed`) with
+    Inductor under `COMPILE_OPTIONS` and `same_stage`, and returns the compiled callable (boxed
+    calling convention).  ``user_outputs``: how many of the forward module's
     outputs the caller receives (`OpGraph.num_fwd_outputs`); their strides are eager PyTorch's."""
     def compile_module(gm, example_inputs, backward: bool):
         module = decomposed(gm, example_inputs)
         with compat.inductor_config(**COMPILE_OPTIONS), \
                 compat.inductor_horizontal_fusion(same_stage, "monet.compiled.same_stage"):
-            code = compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=user_outputs)
-        code.monet_module = module  # what Inductor compiled (`missing_recomputations` reads it)
-        return code
+            return compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=user_outputs)
 
     return (lambda gm, inputs: compile_module(gm, inputs, False)), (lambda gm, inputs: compile_module(gm, inputs, True))
 
@@ -55,8 +57,8 @@ def compilers(user_outputs: int):
 def decomposed(gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
     """An executor module in the ATen ops Inductor lowers (`monet.compat.inductor_decomposed`), after
     the graph passes Inductor runs before compiling (`monet.compat.inductor_graph_passes`), each
-    node marked as the node it comes from is (``meta["monet"]``: a recomputation, a backward node);
-    ``gm`` is left as it is."""
+    node carrying the `TAGS` of the node it comes from; ``gm`` is left as it is (but for the tags'
+    copy in each node's ``meta["custom"]``, which the decomposition keeps)."""
     for n in gm.graph.nodes:
         tags = {k: n.meta[k] for k in TAGS if k in n.meta}
         if tags:
@@ -68,11 +70,6 @@ def decomposed(gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
     return out
 
 
-#: the executor's marks on its modules' nodes that the decomposition keeps: the node each comes
-#: from (``monet``) and the stage of the backward it is computed in (``monet_stage``)
-TAGS = ("monet", "monet_stage")
-
-
 def same_stage(origins1, origins2) -> bool:
     """Whether two kernels computing the FX nodes ``origins1`` and ``origins2`` compute nodes of at
     most one stage of the backward (nodes without a stage, the forward's, count for none): the
@@ -81,30 +78,4 @@ def same_stage(origins1, origins2) -> bool:
     return len(stages) <= 1
 
 
-def recomputed_names(bw: fx.GraphModule) -> list[str]:
-    """FX names of the recomputed forward nodes in a backward module of the executor (the nodes it
-    marks ``("fwd", i)``), in order."""
-    return [n.name for n in bw.graph.nodes if n.meta.get("monet", ("",))[0] == "fwd"]
-
-
-_SOURCE_NODES = re.compile(r"#\s*(?:Topologically Sorted )?Source Nodes:\s*\[([^\]]*)\]")
-
-
-def source_nodes(code: str) -> set[str]:
-    """The FX node names the ``Source Nodes`` comments of Inductor's wrapper code list: the nodes
-    its kernels and extern calls compute."""
-    return {name.strip() for m in _SOURCE_NODES.finditer(code) for name in m.group(1).split(",") if name.strip()}
-
-
-def missing_recomputations(bw: fx.GraphModule, compiled) -> list[str]:
-    """The recomputed nodes of the executor's backward module ``bw`` (`recomputed_names`) that the
-    code Inductor compiled from it (``compiled``, the result of `compilers`' backward compiler)
-    does not compute: each one a recomputation Inductor dropped or merged with another (empty when
-    the schedule's recomputations all survived).  Inductor's ``Source Nodes`` comments name the
-    nodes of ``bw`` each kernel comes from, through the decomposition (its nodes' ``from_node``)."""
-    computed = source_nodes(compat.inductor_source(compiled))
-    return [name for name in recomputed_names(bw) if name not in computed]
-
-
-__all__ = ["COMPILE_OPTIONS", "compilers", "executor_modules", "missing_recomputations", "recomputed_names",
-           "source_nodes"]
+__all__ = ["COMPILE_OPTIONS", "TAGS", "compilers", "decomposed", "executor_modules", "same_stage"]

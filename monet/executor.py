@@ -280,7 +280,10 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         the values the forward must hand over (kept forward values and the primals the backward
         reads); ``placeholders`` maps those joint names to the body's placeholder nodes.  A kept
         value whose traced value is a Python constant (`is_constant`: an int, None ...) is not
-        saved: ``body`` reads the constant.
+        saved: ``body`` reads the constant.  Each node copied for a recomputation or a backward
+        node carries ``meta["monet"]`` (``("fwd", i)``, ``("bwd", id)``, ``("alias", ...)`` for
+        its views and getitems) and ``meta["monet_stage"]``, the stage it runs in (what
+        `monet.compiled.same_stage` reads).
 
     Raises:
         ScheduleError: a stage reads a value the schedule neither keeps nor recomputes.
