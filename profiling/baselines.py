@@ -83,7 +83,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from monet.compat import activation_memory_budget
+from monet.compat import activation_memory_budget, dynamo_backend
 
 __all__ = ["SEGMENTATIONS", "sequential_units", "ChenCheckpointed", "chen_sqrt_checkpoint", "chen_checkpoint",
            "checkpoint_blocks", "CompiledWithBudget", "compile_with_activation_budget"]
@@ -366,11 +366,12 @@ class CompiledWithBudget(nn.Module):
 
     Every call runs inside ``torch._functorch.config.patch(activation_memory_budget=budget)``, so
     the first call's compilation -- and any later recompilation -- partitions the joint graph
-    with this budget.  ``reset``: ``torch.compiler.reset()`` on construction, so that no graph
-    compiled under another budget is reused (it clears dynamo's caches for every compiled module
-    in the process); without it, the graph of another ``torch.compile`` call is not reused either
-    (Dynamo guards each cache entry on the backend object it was compiled with), and the others
-    compiled in the process keep theirs.
+    with this budget.  The backend is called through a function of this instance's own: Dynamo
+    guards each cache entry on the backend object it was compiled with, so no graph another
+    ``torch.compile`` call compiled is reused (with the backend's name, a copy of the same model
+    class ran the first copy's graph, whatever its budget).  ``reset``: also
+    ``torch.compiler.reset()`` on construction (it clears Dynamo's caches for every compiled
+    module in the process).
     """
 
     def __init__(self, model: nn.Module, budget: float, backend: str = "aot_eager_decomp_partition",
@@ -383,7 +384,8 @@ class CompiledWithBudget(nn.Module):
             torch.compiler.reset()
         self.model = model
         self.backend = backend
-        self.compiled = torch.compile(model, backend=backend)
+        compiler = dynamo_backend(backend)
+        self.compiled = torch.compile(model, backend=lambda gm, example_inputs: compiler(gm, example_inputs))
 
     def forward(self, *args, **kwargs):
         with activation_memory_budget(self.budget):

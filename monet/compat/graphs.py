@@ -175,6 +175,12 @@ def dynamo_recompile_limit(limit: int):
     return config.patch(**{name: limit})
 
 
+def dynamo_backend(name: str):
+    """The compiler function ``torch.compile(backend=name)`` runs (``torch._dynamo.lookup_backend``,
+    e.g. ``"inductor"``: Inductor's ``compile_fx``), the same call in 2.11-2.15."""
+    return torch._dynamo.lookup_backend(name)
+
+
 def is_compiled_module(model) -> bool:
     """True for a ``torch.compile(model)`` result (``torch._dynamo.eval_frame.OptimizedModule``,
     the same class in 2.11-2.15)."""
@@ -271,4 +277,4 @@ def real_tensors():
     return unset_fake_temporarily()
 
 
-__all__ = ["dynamo_recompile_limit", "SUPPORTED", "torch_version", "check_version", "aot_module", "eager_backward_autocast", "lazy_graph_modules", "lazy_graph_module", "boxed_function", "boxed_codegen", "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents", "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend", "forget_code", "detect_fake_mode", "fake_tensor_on", "is_fake", "fake_mode", "real_tensors"]
+__all__ = ["dynamo_backend", "dynamo_recompile_limit", "SUPPORTED", "torch_version", "check_version", "aot_module", "eager_backward_autocast", "lazy_graph_modules", "lazy_graph_module", "boxed_function", "boxed_codegen", "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents", "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend", "forget_code", "detect_fake_mode", "fake_tensor_on", "is_fake", "fake_mode", "real_tensors"]
