@@ -7,8 +7,9 @@ solves the schedule on it, and hands the executor's forward and backward modules
 decisions are in those modules' graphs: what the forward returns for the backward (the kept
 values), the recomputed nodes copied into the backward, and where each value is last read.  Each
 module is decomposed with Inductor's table and passes first (`decomposed`); Inductor fuses and
-orders what it is given, under `COMPILE_OPTIONS` and with horizontal fusion only within one stage
-(`same_stage`), which keep those decisions (docs/design.md, "Note [Compiled schedule]").
+orders what it is given, under `COMPILE_OPTIONS`, with horizontal fusion only within one stage
+(`same_stage`) and vertical fusion only across neighbouring stages (`near_stages`), which keep
+those decisions (docs/design.md, "Note [Compiled schedule]").
 """
 from __future__ import annotations
 
@@ -39,17 +40,19 @@ def executor_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule
     return build_modules(graph, functional, buffers_in_place=False)
 
 
-def compilers(user_outputs: int):
+def compilers():
     """(forward compiler, backward compiler) for AOTAutograd (the wrapper's trace,
     `monet.wrapper.ScheduledModule`): each compiles the module it is given (`decomposed`) with
-    Inductor under `COMPILE_OPTIONS` and `same_stage`, and returns the compiled callable (boxed
-    calling convention).  ``user_outputs``: how many of the forward module's
-    outputs the caller receives (`OpGraph.num_fwd_outputs`); their strides are eager PyTorch's."""
+    Inductor under `COMPILE_OPTIONS`, `same_stage` and `near_stages`, and returns the compiled
+    callable (boxed calling convention).  Every output of the forward module keeps the strides eager
+    PyTorch gives it, the saved values' too: the backward module is compiled for those strides
+    (Inductor's own forward may otherwise lay a convolution's output out channels-last)."""
     def compile_module(gm, example_inputs, backward: bool):
         module = decomposed(gm, example_inputs)
+        outputs = len(next(iter(module.graph.find_nodes(op="output"))).args[0])
         with compat.inductor_config(**COMPILE_OPTIONS), \
-                compat.inductor_horizontal_fusion(same_stage, "monet.compiled.same_stage"):
-            return compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=user_outputs)
+                compat.inductor_fusion_rule(same_stage, near_stages, "monet.compiled.same_stage+near_stages"):
+            return compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=outputs)
 
     return (lambda gm, inputs: compile_module(gm, inputs, False)), (lambda gm, inputs: compile_module(gm, inputs, True))
 
@@ -74,8 +77,21 @@ def same_stage(origins1, origins2) -> bool:
     """Whether two kernels computing the FX nodes ``origins1`` and ``origins2`` compute nodes of at
     most one stage of the backward (nodes without a stage, the forward's, count for none): the
     horizontal fusions Inductor may make (docs/design.md, "Note [Compiled schedule]")."""
-    stages = {n.meta.get("monet_stage") for n in (*origins1, *origins2)} - {None}
-    return len(stages) <= 1
+    return len(_stages(origins1) | _stages(origins2)) <= 1
 
 
-__all__ = ["COMPILE_OPTIONS", "TAGS", "compilers", "decomposed", "executor_modules", "same_stage"]
+def near_stages(producer, consumer) -> bool:
+    """Whether a kernel computing the FX nodes ``consumer`` may fuse into the one computing
+    ``producer`` (a vertical fusion): their nodes lie in stages of the backward at most one apart
+    (nodes without a stage, the forward's, count for none).  A fused kernel runs where its first
+    node was, so a consumer from a later stage would be computed early and its output held across
+    the stages between (docs/design.md, "Note [Compiled schedule]")."""
+    stages = _stages(producer) | _stages(consumer)
+    return not stages or max(stages) - min(stages) <= 1
+
+
+def _stages(origins) -> set:
+    return {n.meta.get("monet_stage") for n in origins} - {None}
+
+
+__all__ = ["COMPILE_OPTIONS", "TAGS", "compilers", "decomposed", "executor_modules", "near_stages", "same_stage"]

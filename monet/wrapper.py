@@ -135,7 +135,7 @@ class ScheduledModule(nn.Module):
         if compiled:
             def compile_module(which):
                 def compile_it(m, example_inputs):
-                    fw_compile, bw_compile = compilers(holder["graph"].num_fwd_outputs)
+                    fw_compile, bw_compile = compilers()
                     code = (fw_compile if which == "fw" else bw_compile)(m, example_inputs)
                     holder[f"{which}_code"] = code
                     return code

@@ -94,15 +94,17 @@ def inductor_config(**patches):
     return config.patch(**patches)
 
 
-def inductor_horizontal_fusion(allowed, key: str):
-    """A context under which Inductor fuses two kernels that share inputs but no data (a horizontal
-    fusion) only where ``allowed(origins1, origins2)`` holds, each argument the FX nodes a kernel
-    computes; ``key`` names the rule in Inductor's compiled-graph cache key (a graph compiled
-    under another rule is not reused).  Inductor asks its choices handler
-    (``torch._inductor.choices.InductorChoices.can_fuse_horizontal(scheduler, node1, node2,
-    shared_data_score)``, set with ``V.set_choices_handler``); the cache key holds the uuid of
-    ``config.post_grad_custom_post_pass`` (a ``CustomGraphPass``), here a pass that changes
-    nothing.  The same entries in 2.11-2.15."""
+def inductor_fusion_rule(horizontal, vertical, key: str):
+    """A context under which Inductor fuses two kernels only where the rule allows it: two that
+    share inputs but no data (a horizontal fusion) where ``horizontal(origins1, origins2)`` holds,
+    a producer and its consumer (a vertical fusion) where ``vertical(origins1, origins2)`` holds,
+    each argument the FX nodes a kernel computes (producer first).  ``key`` names the rule in
+    Inductor's compiled-graph cache key (a graph compiled under another rule is not reused).
+    Inductor asks its choices handler (``torch._inductor.choices.InductorChoices``'s
+    ``can_fuse_horizontal`` and ``can_fuse_vertical(scheduler, node1, node2, shared_data_score)``,
+    set with ``V.set_choices_handler``); the cache key holds the uuid of
+    ``config.post_grad_custom_post_pass`` (a ``CustomGraphPass``), here a pass that runs the user's
+    own, if any, and changes nothing else.  The same entries in 2.11-2.15."""
     from torch._inductor import config
     from torch._inductor.custom_graph_pass import CustomGraphPass
     from torch._inductor.virtualized import V
@@ -117,7 +119,12 @@ def inductor_horizontal_fusion(allowed, key: str):
         @staticmethod
         def can_fuse_horizontal(scheduler, node1, node2, shared_data_score):
             return (base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
-                    and allowed(origins(node1), origins(node2)))
+                    and horizontal(origins(node1), origins(node2)))
+
+        @staticmethod
+        def can_fuse_vertical(scheduler, node1, node2, shared_data_score):
+            return (base.can_fuse_vertical(scheduler, node1, node2, shared_data_score)
+                    and vertical(origins(node1), origins(node2)))
 
     class Keyed(CustomGraphPass):
         def __call__(self, graph):
@@ -142,4 +149,4 @@ def inductor_source(compiled) -> str:
     return getattr(compiled, "source_code", None) or ""
 
 
-__all__ = ["inductor_decompositions", "inductor_decomposed", "inductor_graph_passes", "inductor_fallback", "inductor_compile", "inductor_config", "inductor_horizontal_fusion", "inductor_source"]
+__all__ = ["inductor_decompositions", "inductor_decomposed", "inductor_graph_passes", "inductor_fallback", "inductor_compile", "inductor_config", "inductor_fusion_rule", "inductor_source"]
