@@ -50,8 +50,9 @@ SECTION = "## Deep networks"
 MODELS = ("gpt2", "llama", "bert")
 
 
-def build(name: str, layers: int, hidden: int, seq: int, batch: int, vocab: int):
-    """(model in training mode, seed 0; inputs with labels) of transformers' ``name``."""
+def build(name: str, layers: int, hidden: int, seq: int, batch: int, vocab: int, dropout: float | None = None):
+    """(model in training mode, seed 0; inputs with labels) of transformers' ``name``; ``dropout``:
+    every dropout probability of its config (None: the library's defaults, GPT-2's and BERT's 0.1)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from reach_models import declare_torchvision_ops
 
@@ -76,6 +77,11 @@ def build(name: str, layers: int, hidden: int, seq: int, batch: int, vocab: int)
         cls = tr.BertForMaskedLM
     else:
         raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
+    if dropout is not None:
+        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout_prob",
+                    "attention_probs_dropout_prob"):
+            if hasattr(cfg, key):
+                setattr(cfg, key, dropout)
     torch.manual_seed(0)
     model = cls(cfg).train()
     ids = torch.randint(1, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))

@@ -7,6 +7,7 @@
 #     bash benchmarks/gpu_visit.sh second [MODELS]  # after "first": probe, cuda tests, numerics, measure solved MODELS
 #     bash benchmarks/gpu_visit.sh third            # after "second": cuDNN BatchNorm checks, full-mode trace, new profile
 #     bash benchmarks/gpu_visit.sh table MODELS     # measure solved schedules (after `gpu_table.py --step solve` here)
+#     bash benchmarks/gpu_visit.sh compiled         # monet compiled against torch.compile: GPT-2, Llama (bf16, fp32)
 #
 # "first": the `cuda` tests; the gradient experiments (benchmarks/gpu_numerics.py: TF32, BatchNorm,
 # the first module where the captured forward parts from eager); the per-node CUDA memory traces of
@@ -105,7 +106,15 @@ case "$phase" in
         --work-dir "$work/gpu_work" --out "$work/gpu_table.md"
     done
     ;;
-  *) echo "unknown phase $phase (first, second, third, table)" >&2; exit 2 ;;
+  compiled)  # monet.optimize(compile=True) against torch.compile's peers (benchmarks/compiled.py), on CUDA
+    step compiled_gpt2 300 python3 benchmarks/compiled.py --device cuda --models gpt2 --layers 12 --dtypes bf16,fp32 \
+      --hidden 768 --seq 1024 --batch 8 --vocab 50257 --time-limit 30 --csv "$work/compiled-cuda.csv"
+    left=$(( 560 - ($(date +%s) - t_start) ))
+    step compiled_llama $(( left > 60 ? left - 20 : 40 )) python3 benchmarks/compiled.py --device cuda --models llama \
+      --layers 12 --dtypes bf16 --hidden 1024 --seq 1024 --batch 4 --vocab 32000 --time-limit 30 \
+      --csv "$work/compiled-cuda.csv"
+    ;;
+  *) echo "unknown phase $phase (first, second, third, table, compiled)" >&2; exit 2 ;;
 esac
 
 tar czf "$OUT/visit-$phase.tar.gz" -C "$work" . && ls -la "$OUT"

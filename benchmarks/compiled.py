@@ -1,0 +1,356 @@
+"""monet compiled (``monet.optimize(..., compile=True)``) against what a ``torch.compile`` user has.
+
+    python benchmarks/compiled.py --models gpt2,llama,bert --layers 12,24 --dtypes fp32,bf16 \\
+        --csv benchmarks/results/compiled.csv
+    python benchmarks/compiled.py --models resnet --csv benchmarks/results/compiled.csv
+    python benchmarks/compiled.py --table benchmarks/results/compiled.csv --out BENCHMARKS.md
+
+For each configuration (transformers' GPT-2, Llama and BERT built from a config as in
+``benchmarks/depth.py``, or ``monet demo``'s quarter-width ResNet-50; fp32, or bf16 autocast on the
+CPU), in a process of its own, every method trains the same batch from the same weights and is
+measured side by side with plain ``torch.compile`` (Inductor, no budget), the reference of every
+row:
+
+* ``torch.compile`` with ``activation_memory_budget`` 0.5, 0.3 and 0.1 (Inductor);
+* transformers' per-block activation checkpointing under ``torch.compile``;
+* monet compiled at 50 %, 30 % and 100 % (keep everything) of plain PyTorch's simulated peak and at
+  each peer's measured peak.
+
+Columns (raw, one CSV row per method): ``peak`` (bytes, one training iteration at the allocator,
+`monet.profiling.check.step_peak`), ``overhead`` against plain ``torch.compile`` (median of paired
+interleaved iterations, minus 1: `monet.profiling.check.step_overhead`), monet's
+``predicted_overhead``, ``first_step_s`` (the first training step: Dynamo, AOTAutograd and
+Inductor), monet's ``startup_s`` (``monet.optimize`` plus the first step, the 50 % row) and its
+``solve_s``, ``grads`` (the largest relative gradient difference against plain ``torch.compile``
+after one step) and, in bf16, ``loss_drift`` (the largest relative difference of the loss from
+``torch.compile``'s over `LOSS_STEPS` SGD steps).  ``--table CSV`` writes the section `SECTION` of
+``--out`` from the raw rows, one table per configuration, each captioned with its date, machine
+and command.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+LOSS_STEPS = 20
+PEER_BUDGETS = (0.5, 0.3, 0.1)
+SECTION = "## Compiled: monet against torch.compile (CPU)"
+COLUMNS = ["model", "layers", "dtype", "device", "hidden", "seq", "batch", "vocab", "dropout", "method", "budget", "peak",
+           "predicted_peak", "overhead", "predicted_overhead", "first_step_s", "startup_s", "solve_s", "grads",
+           "loss_drift", "status", "error"]
+
+
+def build(cfg: dict):
+    """(model, inputs (keyword arguments or one tensor), loss_fn or None, target or None)."""
+    if cfg["model"] == "resnet":
+        from monet.cli.common import build_model
+        from monet.cli.demo import DEMO_BATCH, DEMO_MODEL, DEMO_SHAPE, DEMO_WIDTH
+        from monet.profiling.training import random_target
+
+        model, x = build_model(DEMO_MODEL, DEMO_BATCH, DEMO_SHAPE, "cpu", base_width=DEMO_WIDTH)
+        loss_fn, target = random_target(model, x, False)
+        return model, x, loss_fn, target
+    from depth import build as build_transformer
+
+    model, inputs = build_transformer(cfg["model"], cfg["layers"], cfg["hidden"], cfg["seq"], cfg["batch"],
+                                      cfg["vocab"], dropout=cfg["dropout"])
+    return model, inputs, None, None
+
+
+def peers(model, loss):
+    """(name, module) of the compiled peers, each compiling its own copy of ``model``."""
+    import torch
+
+    from monet import compat
+    from monet.profiling.baselines import compile_with_activation_budget
+
+    def budgeted(b):
+        return compile_with_activation_budget(loss(copy.deepcopy(model)), b, backend="inductor", reset=False)
+
+    for b in PEER_BUDGETS:
+        yield f"torch.compile budget {b}", lambda b=b: budgeted(b)
+    if hasattr(model, "activation_checkpointing_enable") or hasattr(model, "gradient_checkpointing_enable"):
+        def blocks():
+            m = copy.deepcopy(model)
+            args = {"use_reentrant": False}
+            if hasattr(m, "activation_checkpointing_enable"):
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs=args)
+            else:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args)
+            compiler = compat.dynamo_backend("inductor")
+            return torch.compile(loss(m), backend=lambda gm, example_inputs: compiler(gm, example_inputs))
+        yield "transformers every 1, torch.compile", blocks
+
+
+def one(cfg: dict) -> None:
+    """The rows of one configuration, each printed as one JSON line as it is made."""
+    from monet import compat
+
+    with compat.dynamo_recompile_limit(64):  # one compilation per compiled copy of the model
+        _rows(cfg)
+
+
+def _rows(cfg: dict) -> None:
+    import torch
+
+    import monet
+    from monet import mixed_precision
+    from monet.inputs import ExampleInputs
+    from monet.plan import WithLoss
+    from monet.profiling.check import max_rel_diff, step_overhead, step_peak, training_step
+    from monet.solver.solve import parse_budget
+
+    model, raw, loss_fn, target = build(cfg)
+    device = torch.device(cfg.get("device", "cpu"))
+    model = model.to(device)
+    moved = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    raw = ({k: moved(v) for k, v in raw.items()} if isinstance(raw, dict) else
+           ExampleInputs(tuple(map(moved, raw.args)), {k: moved(v) for k, v in raw.kwargs.items()})
+           if isinstance(raw, ExampleInputs) else moved(raw))
+    target = moved(target)
+    bf16 = cfg["dtype"] == "bf16"
+    amp = (device.type, "bfloat16") if bf16 else None
+    loss = (lambda m: WithLoss(m, loss_fn)) if loss_fn else (lambda m: m)
+    inputs = ExampleInputs.of(raw)
+    if target is not None:
+        inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
+
+    def report(**row):
+        print(json.dumps({**{k: cfg[k] for k in COLUMNS if k in cfg}, **row}), flush=True)
+
+    def first_step(module) -> float:
+        t0 = time.perf_counter()
+        training_step(module, inputs, autocast=amp)
+        return time.perf_counter() - t0
+
+    def gradients(module) -> dict:
+        for p in module.parameters():
+            p.grad = None
+        torch.manual_seed(0)
+        training_step(module, inputs, autocast=amp)
+        return {k: p.grad.detach().clone() for k, p in enumerate(module.parameters()) if p.grad is not None}
+
+    def losses(module) -> list[float]:
+        opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+        out = []
+        torch.manual_seed(0)
+        for _ in range(LOSS_STEPS):
+            opt.zero_grad(set_to_none=True)
+            with mixed_precision.context(amp):
+                value = inputs.call(module)
+            value = value if isinstance(value, torch.Tensor) else value["loss"]
+            value.backward()
+            opt.step()
+            out.append(float(value))
+        return out
+
+    reference = torch.compile(loss(copy.deepcopy(model)))
+    ref_first = first_step(reference)
+    ref_grads = gradients(reference)
+    report(method="torch.compile", peak=step_peak(reference, inputs, autocast=amp), overhead=0.0,
+           first_step_s=ref_first, grads="reference")
+    ref_losses = losses(torch.compile(loss(copy.deepcopy(model)))) if bf16 else None
+
+    def measure(name, module, **extra):
+        first = first_step(module)
+        peak = step_peak(module, inputs, autocast=amp)
+        ovh = step_overhead(reference, module, inputs, repeats=cfg["repeats"], warmup=1, autocast=amp)[0]
+        grads = max_rel_diff(gradients(module), ref_grads)
+        row = dict(method=name, peak=peak, overhead=ovh, first_step_s=first, grads=f"{grads:.1e}", **extra)
+        report(**row)
+        return row
+
+    targets = []
+    for name, make in peers(model, loss):
+        try:
+            targets.append((name, measure(name, make())["peak"]))
+        except Exception as e:  # noqa: BLE001 - a peer that fails is a row that says so
+            report(method=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+
+    kw = dict(loss_fn=loss_fn, target=target, autocast_dtype=torch.bfloat16 if bf16 else None, compile=True,
+              progress=False)
+    t0 = time.perf_counter()
+    try:
+        wrapper = monet.optimize(copy.deepcopy(model), raw, budget="50%", time_limit=cfg["time_limit"], **kw)
+    except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
+        report(method="monet compiled 50%", error=f"{type(e).__name__}: {str(e)[:160]}")
+        wrapper = None
+    startup = None if wrapper is None else time.perf_counter() - t0 + first_step(wrapper)
+    plan = monet.prepare(copy.deepcopy(model), raw, **{k: v for k, v in kw.items() if k != "progress"},
+                         progress=False)
+    budgets = [("monet compiled 30%", parse_budget("30%", plan.eager_peak_bytes)),
+               ("monet compiled 100%", plan.eager_peak_bytes)]
+    budgets += [(f"monet compiled at {name}", peak) for name, peak in targets]
+
+    def monet_row(name, w, solve_s, **extra):
+        meta = w.solution.meta
+        row = measure(name, w, budget=meta.budget_bytes, predicted_peak=meta.predicted_peak_bytes,
+                      predicted_overhead=meta.predicted_overhead(), solve_s=solve_s, status=meta.status, **extra)
+        if bf16:
+            fresh = plan.wrap(w.solution, loss(copy.deepcopy(model)))
+            mine = losses(fresh)
+            report(method=name + " (losses)", loss_drift=max(abs(a - b) / abs(b) for a, b in zip(mine, ref_losses)))
+        return row
+
+    if wrapper is not None:
+        monet_row("monet compiled 50%", wrapper, wrapper.solution.meta.solve_time_s, startup_s=startup)
+        del wrapper
+    for name, budget in budgets:
+        t0 = time.perf_counter()
+        try:
+            sol = plan.solve(budget, time_limit=cfg["time_limit"])
+        except Exception as e:  # noqa: BLE001 - an infeasible budget is a row that says so
+            report(method=name, budget=budget, error=f"{type(e).__name__}: {str(e)[:160]}")
+            continue
+        monet_row(name, plan.wrap(sol, loss(copy.deepcopy(model))), time.perf_counter() - t0)
+
+
+def _mib(v) -> str:
+    return "-" if v in ("", None) else f"{int(float(v)) / 2**20:.1f}"
+
+
+def _pct(v) -> str:
+    return "-" if v in ("", None) else f"{100 * float(v):+.1f} %"
+
+
+def _seconds(v) -> str:
+    return "-" if v in ("", None) else f"{float(v):.0f}"
+
+
+def section(rows: list[dict]) -> str:
+    """The markdown section of the raw CSV rows: per configuration (model, layers, dtype), the
+    methods' measured peak, its share of plain ``torch.compile``'s, overheads, first step and
+    start-up seconds, gradients; the caption holds the configuration, date, machine and command."""
+    from monet.profiling.markdown import md_table
+
+    out = [SECTION, "", "Peak: one training iteration at the allocator (parameters and gradients included); "
+           "overhead: the median of paired interleaved iterations against plain `torch.compile`, minus 1; "
+           "first step: Dynamo, AOTAutograd and Inductor (monet: Inductor only, after `monet.optimize`); "
+           "start-up: `monet.optimize` plus the first step; gradients: the largest relative difference from "
+           "plain `torch.compile`'s after one step; loss drift (bf16): the largest relative difference of "
+           f"the loss over {LOSS_STEPS} SGD steps.", ""]
+    configs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        configs.setdefault((r["model"], r["layers"], r["dtype"], r["command"]), []).append(r)
+    for (model, layers, dtype, command), group in configs.items():
+        first = group[0]
+        plain = next((float(r["peak"]) for r in group if r["method"] == "torch.compile" and r["peak"]), None)
+        drift = {r["method"][:-len(" (losses)")]: r["loss_drift"] for r in group if r["method"].endswith(" (losses)")}
+        cells = []
+        for r in group:
+            if r["method"].endswith(" (losses)"):
+                continue
+            if r.get("error"):
+                least = re.search(r"smallest (?:budget found )?feasible(?: budget)? is \d+ bytes \(([\d.]+ MiB)\)",
+                                  r["error"])
+                error = f"infeasible: the smallest feasible budget is {least.group(1)}" if least else r["error"][:110]
+                cells.append([r["method"], _mib(r["budget"]), "-", "-", "-", "-", "-", "-", "-", "-", error])
+                continue
+            share = "-" if not plain or not r["peak"] else f"{float(r['peak']) / plain:.2f}x"
+            loss = f"{float(drift[r['method']]):.1e}" if drift.get(r["method"]) else "-"
+            cells.append([r["method"], _mib(r["budget"]), _mib(r["peak"]), share,
+                          "-" if r["method"] == "torch.compile" else _pct(r["overhead"]), _pct(r["predicted_overhead"]),
+                          _seconds(r["first_step_s"]), _seconds(r["startup_s"]), r["grads"] or "-", loss,
+                          r["status"] or ""])
+        size = ("the demo's ResNet-50" if model == "resnet" else
+                f"{layers} layers, hidden {first['hidden']}, {first['batch']} x {first['seq']} tokens, "
+                f"vocab {first['vocab']}, dropout {first['dropout']}")
+        out += [f"**{model}, {dtype}** ({size}; {first['date']}, {first['machine']}, torch {first['torch']}; "
+                f"`{command}`)", "",
+                md_table(["method", "budget MiB", "peak MiB", "of torch.compile", "overhead", "predicted",
+                          "first step s", "start-up s", "gradients", "loss drift", "status"], cells, "lrrrrrrrlll"), ""]
+    return "\n".join(out)
+
+
+def write_table(csv_path: Path, out: Path | None) -> None:
+    """`section` of the rows of ``csv_path``, written into ``out`` (its section `SECTION` replaced,
+    the rest kept) or printed."""
+    with csv_path.open() as f:
+        text = section(list(csv.DictReader(f)))
+    if out is None:
+        print(text)
+        return
+    from monet.profiling.markdown import write_section
+
+    write_section(out, text, SECTION)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[-1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gpt2", help="comma-separated: gpt2, llama, bert, resnet")
+    ap.add_argument("--layers", default="12", help="comma-separated depths (transformers)")
+    ap.add_argument("--dtypes", default="fp32", help="comma-separated: fp32, bf16")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="every dropout probability of the transformers (default 0: the gradient column compares "
+                         "with torch.compile, whose random numbers depend on its partition)")
+    ap.add_argument("--repeats", type=int, default=9, help="paired timed iterations per method")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per monet solve")
+    ap.add_argument("--csv", type=Path, help="raw results: appended, one row per method (required)")
+    ap.add_argument("--table", type=Path, metavar="CSV", help="write the markdown section of these raw rows "
+                    "instead of measuring (into --out, else printed)")
+    ap.add_argument("--out", type=Path, help="with --table: the markdown file whose section to write")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        one(json.loads(args.one))
+        return 0
+    if args.table:
+        write_table(args.table, args.out)
+        return 0
+    if args.csv is None:
+        ap.error("--csv is required: the file the rows are appended to")
+    configs = []
+    for model in args.models.split(","):
+        for layers in ([0] if model == "resnet" else [int(v) for v in args.layers.split(",")]):
+            for dtype in args.dtypes.split(","):
+                configs.append(dict(model=model, layers=layers, dtype=dtype, hidden=args.hidden, seq=args.seq,
+                                    batch=args.batch, vocab=args.vocab, dropout=args.dropout, repeats=args.repeats,
+                                    time_limit=args.time_limit, device=args.device))
+    fields = COLUMNS + ["date", "machine", "torch", "command"]
+    if not args.csv.exists():
+        with args.csv.open("w", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields).writeheader()
+    for cfg in configs:
+        print(f"== {cfg['model']} {cfg['layers']} {cfg['dtype']}", file=sys.stderr, flush=True)
+        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "method" in row:
+                with args.csv.open("a", newline="") as f:  # opened per row: the file may be replaced meanwhile
+                    csv.DictWriter(f, fieldnames=fields, extrasaction="ignore").writerow({**row, **_provenance(argv)})
+                print(line, file=sys.stderr)
+        if proc.returncode:
+            print(f"== the configuration's process exited {proc.returncode}", file=sys.stderr)
+    return 0
+
+
+def _provenance(argv) -> dict:
+    import platform
+
+    import torch
+
+    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{platform.processor() or platform.machine()}"
+                f", {__import__('os').cpu_count()} cores", torch=torch.__version__,
+                command="python benchmarks/compiled.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
