@@ -68,10 +68,7 @@ def build(cfg: dict):
 
 def peers(model, loss):
     """(name, module) of the compiled peers, each compiling its own copy of ``model``."""
-    import torch
-
-    from monet import compat
-    from monet.profiling.baselines import compile_with_activation_budget
+    from monet.profiling.baselines import compile_with_activation_budget, compiled_alone
 
     def budgeted(b):
         return compile_with_activation_budget(loss(copy.deepcopy(model)), b, backend="inductor", reset=False)
@@ -86,8 +83,7 @@ def peers(model, loss):
                 m.activation_checkpointing_enable(activation_checkpointing_kwargs=args)
             else:
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args)
-            compiler = compat.dynamo_backend("inductor")
-            return torch.compile(loss(m), backend=lambda gm, example_inputs: compiler(gm, example_inputs))
+            return compiled_alone(loss(m))
         yield "transformers every 1, torch.compile", blocks
 
 

@@ -86,7 +86,7 @@ from torch.utils.checkpoint import checkpoint
 from monet.compat import activation_memory_budget, dynamo_backend
 
 __all__ = ["SEGMENTATIONS", "sequential_units", "ChenCheckpointed", "chen_sqrt_checkpoint", "chen_checkpoint",
-           "checkpoint_blocks", "CompiledWithBudget", "compile_with_activation_budget"]
+           "checkpoint_blocks", "CompiledWithBudget", "compile_with_activation_budget", "compiled_alone"]
 
 Unit = Callable[[torch.Tensor], torch.Tensor]
 
@@ -361,6 +361,14 @@ def checkpoint_blocks(model: nn.Module, segments: int | None = None) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def compiled_alone(model: nn.Module, backend: str = "inductor") -> nn.Module:
+    """``torch.compile(model, backend=backend)`` through a backend function of its own: Dynamo
+    guards each cache entry on the backend object, so no graph another ``torch.compile`` call
+    compiled (another copy of the same model class, under another budget) is reused."""
+    compiler = dynamo_backend(backend)
+    return torch.compile(model, backend=lambda gm, example_inputs: compiler(gm, example_inputs))
+
+
 class CompiledWithBudget(nn.Module):
     """``torch.compile(model, backend=backend)`` partitioned under a budget.
 
@@ -384,8 +392,7 @@ class CompiledWithBudget(nn.Module):
             torch.compiler.reset()
         self.model = model
         self.backend = backend
-        compiler = dynamo_backend(backend)
-        self.compiled = torch.compile(model, backend=lambda gm, example_inputs: compiler(gm, example_inputs))
+        self.compiled = compiled_alone(model, backend)
 
     def forward(self, *args, **kwargs):
         with activation_memory_budget(self.budget):

@@ -209,7 +209,7 @@ def dynamo_export(model: torch.nn.Module, args: tuple, kwargs: dict, ignore_logg
               if hasattr(dynamo_config, k)}
     # static shapes, always: a second export of one model with other shapes (a wrapper's first call
     # after the capture, an epoch's last batch) made Dynamo's "automatic dynamic" shapes symbolic,
-    # and DenseNet-121's export then failed in F.batch_norm on a symbolic size check (issue 40)
+    # and DenseNet-121's export then failed in F.batch_norm on a symbolic size check
     static = {k: v for k, v in (("automatic_dynamic_shapes", False), ("assume_static_by_default", True))
               if hasattr(dynamo_config, k)}
     patch = dynamo_config.patch(
