@@ -21,7 +21,7 @@ from monet.graph import OpGraph
 from monet.solution import Schedule
 
 #: Inductor's options for the schedule's modules (docs/design.md, "Note [Compiled schedule]")
-COMPILE_OPTIONS: dict = {"reorder_for_peak_memory": False}
+COMPILE_OPTIONS: dict = {"reorder_for_peak_memory": False, "realize_reads_threshold": 0, "layout_optimization": False}
 
 #: the executor's marks on its modules' nodes that the decomposition keeps: the node each comes
 #: from (``monet``) and the stage of the backward it is computed in (``monet_stage``)
