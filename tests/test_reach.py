@@ -82,7 +82,8 @@ def test_reach(name, mode, tmp_path_factory):
     sol = plan.solve("50%", mode=mode, time_limit=TIME_LIMIT, if_infeasible="smallest", calibrate=CALIBRATE)
     meta = sol.meta
     assert meta.predicted_peak_bytes <= meta.budget_bytes
-    assert meta.budget_bytes >= min(int(0.5 * meta.eager_peak_bytes), meta.budget_bytes)
+    # "50%" of plain PyTorch's simulated peak, or the smallest feasible budget above it
+    assert meta.budget_bytes >= 0.5 * meta.eager_peak_bytes - 1, (meta.budget_bytes, meta.eager_peak_bytes)
 
     def fresh():
         m = copy.deepcopy(model)
@@ -98,6 +99,7 @@ def test_reach(name, mode, tmp_path_factory):
     if mode == "normal" or not sol.schedule.impl:
         torch.compiler.reset()
         losses_c, grads_c = chk.train_losses(torch.compile(fresh(), backend="aot_eager"), inputs)
+        assert grads_c.keys() == grads_w.keys() and len(losses_c) == len(losses_w) > 0
         assert all(torch.equal(grads_w[k], grads_c[k]) for k in grads_c), chk.grad_rel_error(grads_w, grads_c)
         assert all(torch.equal(a, b) for a, b in zip(losses_w, losses_c)), (losses_w, losses_c)
 
