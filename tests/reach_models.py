@@ -49,12 +49,19 @@ def declare_torchvision_ops() -> None:
 
 
 def missing(package: str) -> str | None:
-    """None when ``package`` imports, else the reason it does not."""
+    """None when ``package`` imports, else the reason to skip: it is not installed.
+
+    Raises:
+        ImportError: ``package`` is installed and does not import (a broken install fails the
+            tests that need it instead of skipping them).
+    """
     declare_torchvision_ops()
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed (pip install -e '.[test]' installs it)"
     try:
         importlib.import_module(package)
-    except Exception as e:  # noqa: BLE001 - any import failure is a reason to skip
-        return f"{package} does not import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    except Exception as e:  # noqa: BLE001 - whatever stops the import is the error
+        raise ImportError(f"{package} is installed and does not import: {type(e).__name__}: {e}") from e
     return None
 
 
