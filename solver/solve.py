@@ -122,7 +122,9 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
     One deadline covers the whole call: the smallest-budget search, the solve at the budget and
     the fallback to the search's schedule share it, so the call returns within ``time_limit``
     (give or take the seconds a step cannot be stopped in: CBC is stopped 2 s after its share,
-    and each full-mode step gets at least 1 s).  The smallest-budget search is kept on ``graph``
+    and each full-mode step gets at least 1 s; in normal mode, an ILP that finds nothing at the
+    budget leaves the smallest-budget search at least `SEARCH_SHARE` of the limit, so that its
+    answer or error names a budget the search had time to find).  The smallest-budget search is kept on ``graph``
     (`monet.solver.smallest`): a call at ``budget`` None after one that found the budget
     infeasible (or after another such call) returns the schedule it kept at once.
 
@@ -185,7 +187,10 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
             # the smallest-budget search's schedule if it fits, else its error: the search is cached
             # on the graph, so a retry at the budget the error names gets that schedule, even where a
             # second time-limited search would stop at a larger budget (as on loaded machines)
-            return smallest_schedule(graph, costs, int(budget), info, mode, solver, deadline.left(), device, cost_fn,
-                                     ref)
+            # the search gets at least `SEARCH_SHARE` of the limit even past the deadline: with the
+            # seconds the ILP left (often none) it stops at plain PyTorch's peak and the error would
+            # name that as the smallest budget
+            seconds = max(deadline.left(), SEARCH_SHARE * deadline.limit_s)
+            return smallest_schedule(graph, costs, int(budget), info, mode, solver, seconds, device, cost_fn, ref)
     return solve_full(graph, costs, int(budget), info, mode=mode, solver=solver, time_limit=deadline.left(),
                       verbose=verbose, device=device, cost_fn=cost_fn, progress=progress, gap=gap)

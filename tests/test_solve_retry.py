@@ -33,3 +33,35 @@ def test_retry_at_the_named_budget_gets_the_search_schedule(monkeypatch):
     with pytest.raises(InfeasibleBudgetError) as again:  # below it: still refused, with the same budget named
         solve(graph, costs, least - 1, "normal", time_limit=20)
     assert again.value.min_budget_bytes == least
+
+
+def test_an_ilp_that_spent_the_deadline_leaves_the_search_its_share(monkeypatch):
+    """The ILP found nothing and left no time: the smallest-budget search still gets
+    `SEARCH_SHARE` of the limit, so the error names a budget below plain PyTorch's peak (with none
+    left, the search can stop at the plain peak itself)."""
+    from monet.solver import solve as solve_mod
+    from monet.solver.deadline import Deadline
+
+    torch.manual_seed(0)
+    graph = capture(UserNet(), torch.randn(4, 3, 16, 16))
+    costs = costs_for(graph, analytic_costs(graph))
+    plain = eager_peak(graph, costs)
+
+    def nothing_in_time(*args, **kwargs):
+        raise InfeasibleBudgetError(int(args[3]), None, "normal")
+
+    given = []
+    search = solve_mod.smallest_schedule
+
+    def recorded(*args):
+        given.append(args[6])  # its time limit, seconds
+        return search(*args)
+
+    monkeypatch.setattr(normal_mod, "solve_ilp", nothing_in_time)
+    monkeypatch.setattr(solve_mod, "smallest_schedule", recorded)
+    spent = Deadline(20)
+    spent.end = spent.start  # all of it gone before the search
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(graph, costs, int(0.05 * plain), "normal", deadline=spent)
+    assert given == [solve_mod.SEARCH_SHARE * 20]
+    assert err.value.min_budget_bytes is not None and err.value.min_budget_bytes < plain
