@@ -1,7 +1,8 @@
-"""Batches of varying sequence length (issue 41): one schedule per length bucket
-(`monet.buckets`).  A tiny transformers GPT-2 is solved at two buckets for one budget in bytes;
-every length up to the longest bucket trains with plain PyTorch's loss and gradients, bitwise, at
-a measured peak under the budget, and a longer batch is refused with what to do."""
+"""Batches of varying sequence length: one schedule per length bucket (`monet.buckets`).  A tiny
+transformers GPT-2 is solved at two buckets for one budget in bytes, below plain PyTorch's peak at
+both, so that each bucket's schedule recomputes; lengths at and under each bucket, where plain
+PyTorch does not fit the budget either, train with plain PyTorch's loss and gradients, bitwise, at a
+measured peak under the budget, and a longer batch is refused with what to do."""
 from __future__ import annotations
 
 import copy
@@ -47,7 +48,7 @@ def bucketed():
 
     model = _gpt2()
     plain = copy.deepcopy(model)
-    wrapped = monet.optimize(model, _batch(64), budget="60%", buckets=[32, 64], cost="analytic", time_limit=5,
+    wrapped = monet.optimize(model, _batch(64), budget="40%", buckets=[32, 64], cost="analytic", time_limit=5,
                              progress=False)
     return plain, model, wrapped
 
@@ -58,22 +59,26 @@ def test_one_budget_for_every_bucket(bucketed):
     assert sorted(sols) == [32, 64] == wrapped.buckets
     assert len({s.meta.budget_bytes for s in sols.values()}) == 1
     assert {s.meta.input_shape for s in sols.values()} == {(32,), (64,)}
-    assert sols[64].schedule.recompute_count() > 0  # 60 % of the longest bucket's peak: recomputes
+    # 40 % of the longest bucket's peak is under the shorter bucket's too: both recompute
+    assert all(s.schedule.recompute_count() > 0 for s in sols.values())
 
 
-@pytest.mark.parametrize("length", [17, 40, 64])
+@pytest.mark.parametrize("length", [28, 32, 40, 64])
 def test_every_length_trains_as_pytorch_under_the_budget(bucketed, length):
+    """28 and 40 tokens are lengths no schedule was traced at, each run by the bucket above it."""
     from monet.profiling.check import step_peak
 
     plain, model, wrapped = bucketed
     batch = _batch(length, seed=length)
+    budget = wrapped.solutions[64].meta.budget_bytes
+    assert step_peak(plain, batch) > budget  # plain PyTorch does not fit: the schedule has to
     lw, gw = _step(wrapped, batch, model)
     lp, gp = _step(plain, batch)
     assert torch.equal(lw, lp)
     assert gw.keys() == gp.keys() and all(torch.equal(gw[k], gp[k]) for k in gp)
     bucket = wrapped.bucket_for(length)
     assert bucket == (32 if length <= 32 else 64)
-    assert step_peak(wrapped, batch) <= wrapped.solutions[bucket].meta.budget_bytes
+    assert step_peak(wrapped, batch) <= budget
 
 
 def test_a_longer_batch_is_refused(bucketed):
