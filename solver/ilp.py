@@ -809,8 +809,9 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
 
 
 #: how far over the budget (a fraction) the ILP's memory of a block-level candidate may be for
-#: `search` to simulate it, and how many such candidates it simulates at most
-NEAR_SLACK, NEAR_CHECKS = 0.05, 3
+#: `search` and `_no_costlier_than_known` to simulate it, and how many such candidates they simulate at most
+#: (a 4-layer Llama's per-block checkpointing: 7 % over by the ILP's memory, under by the simulator's)
+NEAR_SLACK, NEAR_CHECKS = 0.10, 3
 #: the share of `search`'s time after its candidates spent searching in the simulator's slack, and
 #: the smallest slack (a fraction of the budget) worth it
 SLACK_SHARE, SLACK_MIN = 0.4, 0.001
@@ -1133,6 +1134,30 @@ def _fallback(P: Problem, graph: OpGraph, mem: MemoryModel, start, frac_s, recom
     return _Chosen(best[0], best[1], via="+repair", heuristic=True)
 
 
+def _no_costlier_than_known(graph: OpGraph, mem: MemoryModel, recompute_s, allow_s: np.ndarray, budget: int,
+                            peak_of, chosen: _Chosen, start) -> _Chosen:
+    """The cheapest of ``chosen``, the MIP start (`_start`'s tuple, or None) and the block-level
+    schedules (`solver.structured`) that the ILP's memory puts over ``budget`` by at most
+    `NEAR_SLACK` (`_simulated_fits`), of those the simulator (``peak_of``) fits in ``budget`` bytes.
+
+    A solver stopped by its time limit may return an incumbent costlier than its start (or none,
+    and a repaired rounding stands), and the ILP's memory bounds the simulator's from above, so
+    per-block checkpointing at its own simulated peak can lie outside the ILP's feasible set: so
+    that the answer never recomputes more than the schedules the search knows, whatever the time
+    limit (docs/design.md, "Deep networks").  Recompute-or-store only: with implementation
+    options or offload ``chosen`` is returned as it is."""
+    if peak_of is None or mem.n_options or mem.offload is not None or chosen.M is not None:
+        return chosen
+    best, cost = chosen, float(np.asarray(recompute_s, dtype=float) @ chosen.R.sum(axis=0))
+    if start is not None and start[1] < cost and peak_of(start[3], start[4]) <= budget:
+        best, cost = _Chosen(start[3], start[4], via="+start", heuristic=True), start[1]
+    cands = [(c.S, c.R, c.peak, c.cost) for c in structured_candidates(graph, mem, recompute_s, allow_s, budget)]
+    near = _simulated_fits(cands, float(budget), peak_of)
+    if near and near[0][3] < cost:
+        best = _Chosen(near[0][0], near[0][1], via="+blocks", heuristic=True)
+    return best
+
+
 def _no_integer(P: Problem, run: _Run, relaxed: _Relaxed, constant_s: float, solver: str, n_vars: int,
                 n_cons: int) -> ILPResult:
     """The answer with implementation options and no integer schedule: the implementations the LP
@@ -1239,7 +1264,9 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     relaxed = _relax(graph, mem, recompute_s, limit, mode, time_limit, large) \
         if mode != "none" and relaxation else _Relaxed()
     _show_relaxation(progress, relaxed.lp, constant_s, t0, waited=False)
-    start = (_start(P, graph, mem, recompute_s, limit, relaxed.frac_s, _polish_until(t0, time_limit, large),
+    # the search checks its candidates exactly: at the budget itself (per-block checkpointing at its
+    # own peak is one), not at the solver's tolerance below it
+    start = (_start(P, graph, mem, recompute_s, float(budget), relaxed.frac_s, _polish_until(t0, time_limit, large),
                     iterate=large) if mode != "none" else None)
     if _collect(relaxed, t0 + time_limit):
         _show_relaxation(progress, relaxed.lp, constant_s, t0, waited=True)
@@ -1255,6 +1282,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
                            verbose, peak_of, smallest, large)
         if chosen is None:
             return _no_integer(P, run, relaxed, constant_s, solver, n_vars, n_cons)
+    chosen = _no_costlier_than_known(graph, mem, recompute_s, P.allow_s, budget, peak_of, chosen, start)
     if mode == "none":
         chosen.S = chosen.S | P.allow_s
     chosen.O = _offloads(mem, chosen, budget, time_limit)
