@@ -1,4 +1,4 @@
-"""Deep networks (issue 40): chains of identical blocks, block-level schedules, and a solver that is
+"""Deep networks: chains of identical blocks, block-level schedules, and a solver that is
 never worse than per-block checkpointing.
 
 The model is a stack of 12 identical residual blocks, as a transformer is: the chain finder must
@@ -156,32 +156,104 @@ def test_lower_hull_keeps_only_the_undominated_convex_points():
     assert [p[2] for p in lower_hull(pts)] == ["a", "c", "e"]  # b lies above a-c, d is dominated
 
 
-def test_solver_never_slower_than_per_block_checkpointing(stack):
-    """Per-block checkpointing built here from the residual adds alone (keep every block's input,
-    recompute the rest of the block once, at its first use in the backward pass, and keep it
-    until the block's backward is done: ``torch.utils.checkpoint``): at its simulated peak, the
-    solver's schedule recomputes no more seconds (analytic costs) and fits."""
+def _post_norm_stack():
+    """`Stack` of `PostNormBlock`: (graph, analytic costs, the embedding's node, block ends: the
+    norms)."""
+    torch.manual_seed(0)
+    model = Stack()
+    model.blocks = nn.ModuleList(PostNormBlock() for _ in range(BLOCKS))
+    graph = capture(model, torch.randn(BATCH, 8))
+    return graph, costs_for(graph, analytic_costs(graph)), _embedding(graph), \
+        [n.id for n in graph.fwd if n.op == "aten.native_layer_norm.default"]
+
+
+def _llama():
+    """A 4-layer transformers Llama (grouped-query attention, rotary embeddings, RMSNorm
+    decomposed into ATen ops): (graph, analytic costs, the embedding's node, block ends: every
+    second residual add)."""
+    from reach_models import missing
+
+    if missing("transformers") is not None:
+        pytest.skip(str(missing("transformers")))
+    import monet
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         bos_token_id=0, eos_token_id=0, pad_token_id=0)).train()
+    ids = torch.randint(0, 64, (8, 32), generator=torch.Generator().manual_seed(1))
+    plan = monet.prepare(model, dict(input_ids=ids, labels=ids, use_cache=False), cost="analytic", progress=False)
+    graph = plan.graph
+    embedding = next(n.id for n in graph.fwd if n.op == "aten.embedding.default")
+    stream = [embedding]  # the residual stream: the adds that read the embedding or an add of it
+    for n in graph.fwd:
+        if n.op == "aten.add.Tensor" and stream[-1] in n.fwd_inputs:
+            stream.append(n.id)
+    assert len(stream) == 9  # attention's and the MLP's residual add in each of the 4 layers
+    return graph, plan.costs, embedding, stream[2::2]
+
+
+def _embedding(graph) -> int:
+    """A `Stack`'s embedding: its first node with a (BATCH, HIDDEN) output."""
+    return next(n.id for n in graph.fwd if n.outputs and graph.values[n.outputs[0]].nbytes == BATCH * HIDDEN * 4)
+
+
+def _pre_norm_stack(stack):
     _, _, graph, costs = stack
+    return graph, costs, _embedding(graph), residual_adds(graph)
+
+
+def per_block_checkpointing(graph, costs, feed: int, ends: list[int]):
+    """Per-block checkpointing built from the block ends alone (not `monet.solver.blocks`): keep
+    each block's input and everything outside the blocks; recompute the rest of each block once,
+    at its first use in the backward pass, and keep it until the block's backward is done
+    (``torch.utils.checkpoint``, `checkpointed`).  The blocks run from the first reader of
+    ``feed``, the node whose output is block 0's input, to the last block end.  Returns (S (T, G), R (T, N),
+    inside (N,) bool, kept (N,) bool)."""
     mem = memory_model(graph, costs)
     allow_s = allowed(graph, mem)[2]
-    adds = residual_adds(graph)
-    first = next(n.id for n in graph.fwd if n.op.startswith("aten.native_layer_norm"))  # block 0's norm
+    first = min(n.id for n in graph.fwd if feed in n.fwd_inputs)
     inside = np.zeros(len(graph.fwd), dtype=bool)
-    inside[first:adds[-1] + 1] = True  # the blocks: from the first block's norm to the last add
-    keep = ~inside
-    keep[adds] = True
-    S, R = checkpointed(graph, mem, keep[mem.group_node], allow_s)
-    per_block_cost = float(costs.fwd_recompute @ R.sum(axis=0))
+    inside[first:ends[-1] + 1] = True
+    kept = ~inside
+    kept[ends] = True
+    S, R = checkpointed(graph, mem, kept[mem.group_node], allow_s)
+    return S, R, inside, kept
+
+
+MODELS = {"pre-norm stack": _pre_norm_stack, "post-norm stack": lambda stack: _post_norm_stack(),
+          "llama": lambda stack: _llama()}
+
+
+@pytest.mark.parametrize("slack", [1.0, 1.25])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_solver_never_slower_than_per_block_checkpointing(stack, name, slack):
+    """At per-block checkpointing's simulated peak (and 25 % above it), the solver's schedule,
+    simulated here from its own matrices rather than its reported figures, fits and recomputes
+    no more seconds (analytic costs: the same on every machine).  The baseline recomputes every
+    block exactly once: each node inside the blocks that the backward pass reads and that is
+    not a block end once, nothing else."""
+    graph, costs, feed, ends = MODELS[name](stack)
+    S, R, inside, kept = per_block_checkpointing(graph, costs, feed, ends)
+    mem = memory_model(graph, costs)
+    times = R.sum(axis=0)
+    assert times.max() == 1 and not times[kept].any()
+    read = np.array([bool(n.bwd_read) for n in graph.fwd])
+    assert (times[inside & ~kept & read] == 1).all()
+    per_block_cost = float(costs.fwd_recompute @ times)
     per_block_peak = schedule_peak(graph, costs, schedule_from_matrices(graph, mem.group_to_node(S), R)).peak_bytes
-    assert per_block_cost > 0 and per_block_peak < 0.6 * eager_peak(graph, costs)
-    sol = solve(graph, costs, per_block_peak, "normal", time_limit=10)
-    assert sol.meta.predicted_peak_bytes <= per_block_peak
-    assert sol.meta.objective_s <= costs.total_time + per_block_cost + 1e-12
-    # and without any time to search (as at 96 layers, where no MIP solver runs and the local search
-    # has little time per node): the block-level candidates alone meet it; the other starts
-    # (repaired checkpoint sets) recomputed 2.3x as much here
-    found = search(graph, mem, allow_s, costs.fwd_recompute, mem.peak(S, R), None, time.perf_counter())
-    assert found is not None and found[2] <= per_block_cost + 1e-12
+    assert per_block_cost > 0 and per_block_peak < 0.7 * eager_peak(graph, costs)
+    budget = int(slack * per_block_peak)
+    sol = solve(graph, costs, budget, "normal", time_limit=4)  # the block-level schedules are starts: any limit
+    assert schedule_peak(graph, costs, sol.schedule).peak_bytes <= budget
+    assert float(costs.fwd_recompute @ np.asarray(sol.R).sum(axis=0)) <= per_block_cost + 1e-12
+    if slack == 1.0:
+        # and without any time to search (as at 96 layers, where no MIP solver runs and the local
+        # search has little time per node): the block-level candidates alone meet it
+        found = search(graph, mem, allowed(graph, mem)[2], costs.fwd_recompute, mem.peak(S, R), None,
+                       time.perf_counter())
+        assert found is not None and found[2] <= per_block_cost + 1e-12
 
 
 def test_budget_min_stops_where_memory_gets_expensive():
