@@ -170,9 +170,15 @@ def test_predicted_overhead_is_against_plain_pytorch(tmp_path):
     assert least.meta.eager_time_s == costs.plain_time_s
 
 
-def test_variants_carry_the_same_time_between_operators(tmp_path):
+def test_variants_carry_the_same_time_between_operators(tmp_path, monkeypatch):
     """A variant's node is still a node: its measured seconds carry the term, so an implementation
-    does not look ``between_s`` cheaper than PyTorch's kernel for being measured alone."""
+    does not look ``between_s`` cheaper than PyTorch's kernel for being measured alone.  The
+    variants' own timings are fixed (1 ms a node), so that the two cost functions differ by the
+    term alone."""
+    from monet.profiling import profiler
+
+    measured = profiler.profile_costs
+    monkeypatch.setattr(profiler, "profile_costs", lambda *a, **k: measured(*a, **k).assign(time_s=1e-3))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
     x = torch.randn(2, 3, 8, 8)
@@ -186,7 +192,7 @@ def test_variants_carry_the_same_time_between_operators(tmp_path):
         assert options, "the net has implementation choices in full mode"
         seconds[between] = pd.Series({(o.key, o.impl): option_seconds(o) for o in options})
     # every variant moves at least one node to a measured row, which now costs one second more
-    assert (seconds[1.0] - seconds[0.0] >= 0.9).all()
+    assert (seconds[1.0] - seconds[0.0] >= 1.0 - 1e-9).all()
 
 
 def test_chen_rounds_give_the_median_round_and_k_is_paired_over_all_of_them(monkeypatch):
@@ -289,9 +295,10 @@ def test_turn_plan_times_long_iterations_in_about_measure_s():
         assert rounds in (1, FACTOR_ROUNDS) and repeats >= MIN_TURNS  # a median round, or one round
         assert turns * turn_s <= MEASURE_S or (rounds, discard, repeats) == (1, 0, MIN_TURNS)
         assert discard == (rounds > 1)  # one round follows the warm-up directly
-    assert turn_plan(17.0, REPEATS) == (1, MIN_TURNS, 0)  # GPT-2 small: 4 turns, 68 s
-    assert turn_plan(5.0, REPEATS) == (1, 12, 0)
-    assert turn_plan(3.5, REPEATS) == (FACTOR_ROUNDS, 4, 1)  # a 24-layer model: 15 turns, 12 timed
+        # the median of three rounds wherever each keeps MIN_TURNS turns in the time
+        assert (rounds == FACTOR_ROUNDS) == (FACTOR_ROUNDS * (MIN_TURNS + 1) * turn_s <= MEASURE_S)
+        if MIN_TURNS < repeats < REPEATS:  # neither at the floor nor at the cap: as many turns as fit
+            assert rounds * (repeats + 1 + discard) * turn_s > MEASURE_S
 
 
 def test_measure_iterations_times_one_round_where_iterations_take_seconds(monkeypatch):
