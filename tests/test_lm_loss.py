@@ -6,13 +6,14 @@ measured peak under the budget, and its solution loaded back on the model alone.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from monet.lm_loss import (default_chunk, find_lm_losses, fuse_lm_loss, fused, fused_loss, liger_chunk,
-                           linear_cross_entropy)
+from monet.lm_loss import (CHUNK_ROWS, MAX_CHUNKS, default_chunk, find_lm_losses, fuse_lm_loss, fused, fused_loss,
+                           liger_chunk, linear_cross_entropy)
 from reach_models import missing
 
 
@@ -59,17 +60,35 @@ def test_gradients_in_the_forward_pass_are_the_recomputing_ones(scale):
         fused_loss(h, w, None, t, -100, "none", 16)
 
 
-def test_liger_chunk_holds_the_hidden_states_bytes():
-    assert liger_chunk(1024, 50257, 768) == 16  # ceil(1024 / ceil(50257 / 768)) = 16
-    assert liger_chunk(10, 100, 1000) == 16  # vocabulary narrower than the hidden state: one chunk
+SIZES = [(rows, vocab, hidden) for rows in (1, 10, 256, 1000, 1024, 8 * 1024) for vocab in (100, 2048, 50257, 128256)
+         for hidden in (32, 512, 768, 1000)]
 
 
-def test_default_chunk_bounds_the_number_of_chunks():
-    assert default_chunk(1024, 50257, 768) == 128  # 8 chunks, not Liger's 64
-    assert default_chunk(8 * 1024, 50257, 768) == 256  # at most 256 rows a chunk: 32 chunks
-    assert liger_chunk(8 * 1024, 128256, 512) == 64 and default_chunk(8 * 1024, 128256, 512) == 256
-    assert default_chunk(256, 2048, 32) == 32
-    assert default_chunk(10, 100, 1000) == 16  # Liger's: one chunk
+def _power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("rows, vocab, hidden", SIZES)
+def test_liger_chunk_holds_the_hidden_states_bytes(rows, vocab, hidden):
+    """The smallest power of two of rows whose logits hold at least the hidden states' elements,
+    ``rows / ceil(V / H)`` (one chunk where the vocabulary is narrower than the hidden state)."""
+    chunk, fit = liger_chunk(rows, vocab, hidden), math.ceil(rows / math.ceil(vocab / hidden))
+    assert _power_of_two(chunk) and chunk // 2 < fit <= chunk
+
+
+def test_liger_chunk_of_gpt2_small():
+    assert liger_chunk(1024, 50257, 768) == 16  # GPT-2 small, 2 x 512 tokens: ceil(1024 / ceil(50257 / 768))
+
+
+@pytest.mark.parametrize("rows, vocab, hidden", SIZES)
+def test_default_chunk_bounds_the_number_of_chunks(rows, vocab, hidden):
+    """Liger's chunk or larger, a power of two; more than MAX_CHUNKS chunks only where a chunk
+    would then hold more than CHUNK_ROWS rows; and no larger than those two rules need."""
+    chunk, liger = default_chunk(rows, vocab, hidden), liger_chunk(rows, vocab, hidden)
+    assert _power_of_two(chunk) and chunk >= liger
+    assert math.ceil(rows / chunk) <= MAX_CHUNKS or chunk >= CHUNK_ROWS
+    if chunk > liger:  # the smallest power of two of rows that meets the bound
+        assert chunk // 2 < min(math.ceil(rows / MAX_CHUNKS), CHUNK_ROWS)
 
 
 @pytest.fixture(scope="module")
