@@ -148,8 +148,16 @@ def test_chen_zoo_segmentations_match_plain(name, kwargs, shape):
 
 
 def test_googlenet_units_cover_forward():
-    m = get_model("googlenet", num_classes=10)
-    assert len(sequential_units(m)) == 17
+    """Run one after another, the units compute the model's forward (eval mode: no auxiliary
+    heads, no dropout), bitwise."""
+    torch.manual_seed(0)
+    m = get_model("googlenet", num_classes=10).eval()
+    x = torch.randn(1, 3, 64, 64)
+    y = x
+    with torch.no_grad():
+        for unit in sequential_units(m):
+            y = unit(y)
+        assert torch.equal(y, m(x))
 
 
 def test_unknown_model_has_no_segmentation():
