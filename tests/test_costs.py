@@ -317,10 +317,6 @@ def test_default_cache_dir_is_in_home(tiny):
     assert str(path).startswith(str(Path.home()))
 
 
-# ----------------------------------------------------------------------------------------- CUDA
-
-
-@pytest.mark.cuda
 def test_profile_costs_in_context(tiny, tiny_profile):
     """Timed in an iteration's sequence (the CPU quick profile's way): every node has a finite
     positive time, the same workspace as when timed in a loop, and ``only`` still measures a subset."""
@@ -349,6 +345,9 @@ def test_in_context_timer_times_each_node_once_per_iteration(tiny):
             ContextTimer(graph, torch.device("cpu"), main, times).run(*args, enable_io_processing=False)
     assert set(times) == keys(graph)
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
+
+
+# ----------------------------------------------------------------------------------------- CUDA
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
