@@ -24,21 +24,8 @@ from monet.solution import Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import InfeasibleBudgetError, allowed
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import checkpointed
+from monet.solver.repair import checkpointed, chen_checkpoints
 from monet.solver.simulated import finish_solution, memory_model
-
-
-def chen_checkpoints(mem: MemoryModel) -> np.ndarray:
-    """The forward nodes whose outputs Chen's sqrt(n) schedule keeps (sorted node indices): the
-    last node of each of round(sqrt(n)) segments of equal count over the n nodes whose values a
-    backward node reads (Chen et al. 2016, Sec. 4.1)."""
-    nodes = np.unique(mem.group_node)
-    n = len(nodes)
-    if n == 0:
-        return nodes
-    k = max(1, int(round(np.sqrt(n))))  # segments
-    length = int(np.ceil(n / k))
-    return nodes[length - 1::length]
 
 
 def chen_matrices(graph: OpGraph, mem: MemoryModel) -> tuple[np.ndarray, np.ndarray]:

@@ -74,6 +74,19 @@ def checkpointed(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np
     return repair(graph, mem, keep, allow_s)
 
 
+def chen_checkpoints(mem: MemoryModel) -> np.ndarray:
+    """The forward nodes whose outputs Chen's sqrt(n) schedule keeps (sorted node indices): the
+    last node of each of round(sqrt(n)) segments of equal count over the n nodes whose values a
+    backward node reads (Chen et al. 2016, Sec. 4.1)."""
+    nodes = np.unique(mem.group_node)
+    n = len(nodes)
+    if n == 0:
+        return nodes
+    k = max(1, int(round(np.sqrt(n))))  # segments
+    length = int(np.ceil(n / k))
+    return nodes[length - 1::length]
+
+
 def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_groups) -> np.ndarray:
     """S (T, G) without the kept groups that are of no use: a group is kept at the start of stage t
     only if stage t reads it (its backward node, or a recomputation, and its node is not
@@ -97,15 +110,22 @@ def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_
 
 def repaired_candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None,
                         deadline: float | None = None):
-    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds), at least one, the others
-    while ``deadline`` (a `time.perf_counter` value) allows."""
+    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds): the first of
+    `candidate_keeps` and Chen's sqrt(n) segments (`checkpointed` at `chen_checkpoints`) whatever
+    ``deadline`` (a `time.perf_counter` value) says, the others while it allows.  So a search
+    stopped before its first step still has a candidate that recomputes (the first of
+    `candidate_keeps` keeps everything when there is no ``frac_s``)."""
+    def candidate(S, R):
+        cost = 0.0 if recompute_s is None else float(np.asarray(recompute_s) @ R.sum(axis=0))
+        return S, R, mem.peak(S, R), cost
+
     out = []
     for keep in candidate_keeps(mem, frac_s, len(graph.bwd), recompute_s):
         if out and deadline is not None and time.perf_counter() >= deadline:
             break
-        S, R = repair(graph, mem, keep, allow_s)
-        cost = 0.0 if recompute_s is None else float(np.asarray(recompute_s) @ R.sum(axis=0))
-        out.append((S, R, mem.peak(S, R), cost))
+        out.append(candidate(*repair(graph, mem, keep, allow_s)))
+    if len(mem.groups):
+        out.append(candidate(*checkpointed(graph, mem, np.isin(mem.group_node, chen_checkpoints(mem)), allow_s)))
     return out
 
 

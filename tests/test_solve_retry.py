@@ -65,3 +65,32 @@ def test_an_ilp_that_spent_the_deadline_leaves_the_search_its_share(monkeypatch)
         solve(graph, costs, int(0.05 * plain), "normal", deadline=spent)
     assert given == [solve_mod.SEARCH_SHARE * 20]
     assert err.value.min_budget_bytes is not None and err.value.min_budget_bytes < plain
+
+
+def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch):
+    """With its deadline already passed and no LP rounding, the smallest-budget search's repaired
+    candidates still hold Chen's segments, so its answer saves memory: below plain PyTorch's peak
+    by the simulator, and at most Chen's own peak.  (The first of `candidate_keeps` without an LP
+    rounding keeps everything; it alone was the answer of a search that ran out of time.)"""
+    import time
+
+    from monet.solver import ilp
+    from monet.solver.chen import solve_chen
+    from monet.solver.deadline import Deadline
+    from monet.solver.repair import repaired_candidates, smallest_candidate
+    from monet.solver.simulated import memory_model, simulated_peak_fn
+
+    torch.manual_seed(0)
+    graph = capture(UserNet(), torch.randn(4, 3, 16, 16))
+    costs = costs_for(graph, analytic_costs(graph))
+    plain = eager_peak(graph, costs)
+    mem = memory_model(graph, costs)
+    allow_s = ilp.allowed(graph, mem)[2]
+    past = time.perf_counter() - 1.0
+    cands = repaired_candidates(graph, mem, None, allow_s, deadline=past)
+    assert not cands[0][1].any()  # the first: keep everything
+    assert any(R.any() for _, R, _, _ in cands)
+    peak_of = simulated_peak_fn(graph, costs, mem)
+    peak, S, R = smallest_candidate(graph, mem, None, allow_s, peak_of, deadline=past)
+    chen = solve_chen(graph, costs, plain, deadline=Deadline(20)).meta.predicted_peak_bytes
+    assert R.any() and peak <= chen < plain
