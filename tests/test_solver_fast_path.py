@@ -240,9 +240,12 @@ def test_min_budget_lower_bound_is_below_the_proven_minimum_and_refuses_below_it
     mem = memory_model(graph, costs)
     lower, frac = ilp.min_budget_relaxation(graph, mem, "normal", 60)
     assert frac is not None and frac.shape == (len(graph.bwd), len(mem.groups))
-    least, proven, S, R, _, lower2 = ilp.solve_min_budget(graph, mem, "normal", "CBC", 10)  # ILP memory
+    # UserNet's is proven in about a second, so its limit is a margin (CBC returns at the proof);
+    # the small ResNet's is not proven in 80 s, and 10 s give it a schedule to bound
+    user = request.node.callspec.params["case"] == "user"
+    least, proven, S, R, _, lower2 = ilp.solve_min_budget(graph, mem, "normal", "CBC", 300 if user else 10)
     assert lower2 == pytest.approx(lower)
-    if request.node.callspec.params["case"] == "user":
+    if user:
         assert proven, "CBC should prove the smallest budget of a graph this small"
     assert 0 < lower <= least * (1 + 1e-6) and mem.peak(S, R) <= least
     assert lower > mem.constant  # parameters, input and output gradient at least
