@@ -56,10 +56,10 @@ def default_chunk(rows: int, vocab: int, hidden: int) -> int:
     are at most MAX_CHUNKS chunks where that keeps a chunk within CHUNK_ROWS rows, as a power of two.
 
     Every chunk reads the (V, H) weight twice and adds its product into the weight's gradient, so
-    each chunk moves about 4 V H elements whatever its rows: at Liger's 16 rows GPT-2 small at
-    2 x 512 tokens (V 50,257, H 768) ran 64 chunks and its step took +141 % on 2 CPU cores
-    (2026-11-27), the weight's traffic, not the products.  Eight chunks of 128 rows hold one
-    chunk's logits to 25 MiB there (the whole logits: 196 MiB)."""
+    each chunk moves about 4 V H elements whatever its rows, so the number of chunks, not their
+    products, sets the head's time where chunks are small (GPT-2 small at 2 x 512 tokens, V 50,257,
+    H 768: 64 chunks of Liger's 16 rows).  Eight chunks of 128 rows hold one chunk's logits to
+    25 MiB there (the whole logits: 196 MiB)."""
     fewer = max(1, min(math.ceil(rows / MAX_CHUNKS), CHUNK_ROWS))
     return max(liger_chunk(rows, vocab, hidden), 1 << (fewer - 1).bit_length())
 
@@ -187,11 +187,9 @@ def linear_cross_entropy_grads(hidden: torch.Tensor, weight: torch.Tensor, bias:
     """`linear_cross_entropy` over several chunks with its gradients computed in the forward pass,
     for a loss gradient of 1 (Liger Kernel's fused linear cross-entropy does the same): (loss,
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,) or empty).  Its backward pass only scales
-    them by the loss's gradient (`fused_loss`), so the head's product is not computed a second time:
-    on 2 busy CPU cores the head and loss of GPT-2 small at 2 x 512 tokens took 1.24-1.47 times
-    PyTorch's unchunked time in chunks of 128 rows (1.14 times in chunks of 256), and 1.76-1.95
-    times when the backward pass computed each chunk's logits again (benchmarks/lm_loss_head.py,
-    two runs, 2026-11-28).  What it keeps from the forward pass to the backward
+    them by the loss's gradient (`fused_loss`), so the head's product is not computed a second time
+    (`benchmarks/lm_loss_head.py` times both against PyTorch's unchunked head).  What it keeps
+    from the forward pass to the backward
     pass is the gradients, (N, H) + (V, H) + (V,), instead of the hidden states: the weight's
     gradient, which the backward pass would allocate anyway, exists from the end of the forward
     pass.  The loss is `linear_cross_entropy`'s over the same chunks, bitwise; the gradients, for a

@@ -270,9 +270,8 @@ def paired_overhead(iterate, iterate_plain, repeats: int = 5, warmup: int = 1, d
     """``(overhead fraction, median seconds of iterate(), median seconds of iterate_plain())``:
     both called ``warmup`` times and then ``repeats`` times alternately in this process
     (`interleaved_times_of`), the overhead the median over those turns of ``iterate``'s time over
-    ``iterate_plain``'s of the same turn, minus 1 (`paired_ratio`).  The ratio of the two medians
-    taken apart, as before 2026-11-26, put one schedule at +8.2 % and, 10 s later, +29.6 % on this
-    project's shared CPU (BENCHMARKS.md, "Earlier readings cited in the code")."""
+    ``iterate_plain``'s of the same turn, minus 1 (`paired_ratio`; docs/design.md, "Measuring":
+    why turns are paired)."""
     t, tp = interleaved_times_of((iterate, iterate_plain), repeats, warmup, device)
     return paired_ratio(t, tp) - 1.0, statistics.median(t), statistics.median(tp)
 

@@ -23,20 +23,20 @@
    (``clearCublasWorkspaces`` frees it; nothing in a training step calls it).  Size:
    ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KiB:COUNT`` pairs, summed ``SIZE * 1024 * COUNT``), else 32 MiB
    on compute capability 9.x (Hopper; PyTorch's PR #89027) and, in the sources read for 2.12 and later,
-   10.x and 12.x (Blackwell, PR #175344 of 2026-02-19; a revert, #182669, was closed unmerged), else
+   10.x and 12.x (Blackwell, PR #175344; a revert, #182669, was closed unmerged), else
    ``:4096:2:16:8`` = 8 MiB + 128 KiB.  cuBLASLt (``addmm`` with a bias epilogue, ``_scaled_mm`` ...)
    shares that same allocation by default from 2.12 ("unified" workspaces, PR #168175, on unless
-   ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``; PR #175879 of 2026-03-02 made the allocation follow the
-   setting); in 2.11 it does not: on an H100 with 2.11.0+cu130 (2026-11-27, benchmarks/gpu_probe.py)
+   ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``; PR #175879 made the allocation follow the
+   setting); in 2.11 it does not: on an H100 with 2.11.0+cu130 (benchmarks/gpu_probe.py)
    the first ``a @ b`` of a thread allocated 32 MiB and the first ``addmm`` with a bias 1 MiB more.
    A cuBLASLt workspace not shared is ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024 KiB) per (handle,
    stream), allocated by a thread's first cuBLASLt op (`LT_OPS`): `cublaslt_workspace_bytes`.
    Handles are per thread (``DeviceThreadHandlePool``): the forward pass runs in the caller's thread,
    the backward pass in autograd's device thread, so a training step that multiplies matrices in both
    holds two workspaces, 64 MiB on an H100 (`library_workspace_bytes`).  They are allocated in the
-   warm-up step and are live, as part of the baseline, through every step measured after it.  (The
-   CUDA offload test of 2026-11-27 measured 72,038,400 bytes against 3,328,768 predicted: the
-   difference, 68,709,632, is two 32 MiB workspaces and 1.53 MiB.)
+   warm-up step and are live, as part of the baseline, through every step measured after it.  (On an
+   H100 they are most of what the CUDA offload test measured beyond its prediction: 68,709,632
+   bytes, two 32 MiB workspaces and 1.53 MiB.)
 
 3. **cuDNN convolution workspace** (aten/src/ATen/native/cudnn/Conv_v8.cpp, 2.11-2.15; the v8/v9
    frontend path, unless ``TORCH_CUDNN_V8_API_DISABLED`` selects Conv_v7.cpp).  Without benchmark mode

@@ -43,12 +43,9 @@ WARMUP, REPEATS, MAX_REPEATS, TARGET_S = 2, 5, 201, 1.0
 
 def own_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` (its own parameters and buffers) to wrap in MONeT's executor for
-    timing, so that no two timed modules share parameters.  Timed on the same parameters as plain
-    PyTorch, torchvision's ResNet-18 schedule (batch 64, 64x64, 81 % of the plain peak) measured
-    +27 % to +44 % over the executor keeping everything in seven calibrations in a row; on copies,
-    +33 % to +37 % (2026-11-26, AMD EPYC VM, 2 cores; `benchmarks/timing_spread.py`
-    with and without ``--shared``).  Costs one more copy of the parameters per
-    timed module (CPU memory).  Where ``model`` cannot be deep-copied, ``model`` itself, with a
+    timing, so that no two timed modules share parameters: modules timed on shared parameters
+    measure a wider spread of overheads than copies do (`benchmarks/timing_spread.py` times both,
+    ``--shared``).  Costs one more copy of the parameters per timed module (CPU memory).  Where ``model`` cannot be deep-copied, ``model`` itself, with a
     warning."""
     try:
         return copy.deepcopy(model)

@@ -12,9 +12,7 @@
   and the nodes of one op signature share the median of all their calls, `profiler.pooled_medians`,
   `monet.profiling.profiler.ContextTimer`; cached apart from full profiles, `quick_dir`), so
   the budget holds at the allocator.  Times: on a GPU the roofline's (analytic); on the CPU the
-  quick profile's, since the roofline does not rank CPU kernels (BENCHMARKS.md's real-model table
-  of 2026-11-25 07:56, with roofline times: EfficientNet-B0, batch 16, full mode, predicted +14.8 %
-  where +63.2 % was measured; "Predicted against measured overhead" has today's figures).
+  quick profile's, since the roofline does not rank CPU kernels.
 * ``profile``: times and workspace measured on the device (`monet.profiling.profiler`).
 
 Where times are measured on the CPU (``profile``, and ``hybrid`` there), each node's time also

@@ -1,8 +1,8 @@
 """An upper bound on each operator's workspace, from shapes: what the analytic cost source charges.
 
 The analytic model cannot know a kernel's temporaries (docs/design.md, "Data flow", step 2), yet a
-schedule solved with zero workspace can exceed its budget where it is run (issue 18: ResNet-50,
-batch 2, 64x64, full mode at its smallest budget measured 207.4 MB on CPU against 206.6 MB).
+schedule solved with zero workspace can exceed its budget where it is run (a kernel's temporaries
+sit on top of the peak the schedule was solved for).
 `workspace_bound` gives, per operator family, a number of bytes that covers what the kernel
 allocates and frees while it runs (the profiler's ``workspace_bytes``: peak during the call minus
 what was live before, minus the new outputs).  All sizes in bytes; ``in`` is the sum of the op's

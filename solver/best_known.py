@@ -1,4 +1,4 @@
-"""The table of the best schedules known (issue 18): ``benchmarks/best_known.csv``.
+"""The table of the best schedules known: ``benchmarks/best_known.csv``.
 
 One row per zoo model, batch and budget key, for the zoo's graph and costs (`monet.zoo.build`'s
 ``capture_config`` and ``zoo_costs(graph, "p100")``) in the full mode (``inplace_conv_multiway_newnode``):

@@ -1,4 +1,4 @@
-"""Offload to host memory: the third choice of the ILP, besides keep and recompute (issue 19).
+"""Offload to host memory: the third choice of the ILP, besides keep and recompute.
 
 A value the forward pass keeps for the backward pass may instead be copied to (pinned) host memory
 after its last forward use and copied back before the backward stage that first reads it, on a

@@ -3,7 +3,7 @@
 `solve_full` chooses operator implementations jointly with checkpoints (MONeT, Shah et al. ICLR
 2021, Sec. 4).  It runs the steps of `POLICY` in order, each when its conditions hold, each on the
 seconds its row allots of one `solver.deadline.Deadline`; the fastest schedule wins.  Which step
-gets how much of the limit is read from the table, nowhere else (issue 18).
+gets how much of the limit is read from the table, nowhere else.
 """
 from __future__ import annotations
 
