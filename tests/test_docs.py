@@ -184,7 +184,7 @@ def test_the_checks_see_what_they_check(tmp_path):
 
 
 def test_the_repository_cites_only_what_it_holds():
-    """Code and docs cite nothing outside the repository (issue 42): no design document of the
+    """Code and docs cite nothing outside the repository: no design document of the
     workplace, no "brief"; what they meant is in docs/design.md."""
     banned = ("DESIGN" + ".md", "the " + "brief")
     found = []
@@ -197,3 +197,23 @@ def test_the_repository_cites_only_what_it_holds():
         text = path.read_text(errors="replace")
         found += [f"{rel}: {b}" for b in banned if b in text]
     assert not found, found
+
+
+#: a date (2026-11-27) or a tracker's issue number ("issue 18"): history, which git keeps
+HISTORY = re.compile(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]|issue [0-9]+", re.IGNORECASE)
+LIBRARY = ("monet", "solver", "profiling", "zoo")
+
+
+def test_library_code_carries_no_dates_or_issue_numbers():
+    """The library's code and docstrings are contracts, not history: no dates and no issue
+    numbers of a tracker a reader of the repository does not have (a reason that must survive is
+    a named note in docs/design.md)."""
+    found = [f"{path.relative_to(ROOT)}:{k}: {line.strip()[:80]}"
+             for package in LIBRARY for path in sorted((ROOT / package).rglob("*.py"))
+             for k, line in enumerate(path.read_text().splitlines(), 1) if HISTORY.search(line)]
+    assert not found, found
+
+
+def test_the_history_pattern_finds_what_it_bans():
+    assert HISTORY.search("measured on 2026-11-27") and HISTORY.search("see Issue 18")
+    assert not HISTORY.search("PR #175344") and not HISTORY.search("torch 2.11-2.15")
