@@ -211,7 +211,7 @@ def test_cuda_offload_schedule():
     the values round-trip unchanged) and plain PyTorch's within 1e-5.  On an H100 with torch 2.11
     (2026-11-27) it measured 72,038,400 bytes against a 3,328,768-byte budget, 65.5 MiB over: most
     likely cuBLAS's (and cuBLASLt's) workspaces, tens of MiB on sm90, allocated by the first matmul
-    and kept, which the memory model does not count yet (docs/design.md, "Not there yet"; not confirmed on a
+    and kept, which the memory model does not count yet (docs/design.md, "Known limitations"; not confirmed on a
     GPU); the reference model no longer sits on the device while it measures."""
     from monet.profiling.bandwidth import measure_host_bandwidth
 
