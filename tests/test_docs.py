@@ -225,3 +225,11 @@ def test_library_code_carries_no_dates_or_issue_numbers():
 def test_the_history_pattern_finds_what_it_bans():
     assert HISTORY.search("measured on 2026-11-27") and HISTORY.search("see Issue 18")
     assert not HISTORY.search("PR #175344") and not HISTORY.search("torch 2.11-2.15")
+
+
+def test_reference_docs_carry_no_dates_or_issue_numbers():
+    """README.md and docs/*.md are reference: no dates and no issue numbers (a table's date goes
+    in its caption in BENCHMARKS.md, generated from the raw results)."""
+    found = [f"{path.relative_to(ROOT)}:{k}: {line.strip()[:80]}" for path in (README, *DOCS)
+             for k, line in enumerate(path.read_text().splitlines(), 1) if HISTORY.search(line)]
+    assert not found, found
