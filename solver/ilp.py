@@ -659,9 +659,12 @@ def min_budget_relaxation(graph: OpGraph, mem: MemoryModel, mode: str = "normal"
 
 def _solve_lp(relaxed: cp.Problem, time_limit: float) -> bool:
     """Solve an LP relaxation with HiGHS through scipy (see `lp_relaxation` for why); True when it
-    has an optimal value within ``time_limit`` seconds."""
+    has an optimal value within ``time_limit`` seconds, or at all for an LP of at most `LARGE`
+    variables, whatever ``time_limit`` (docs/design.md, "Note [Small problems are solved whole]")."""
+    small = sum(v.size for v in relaxed.variables()) <= LARGE
     try:
-        relaxed.solve(solver=cp.SCIPY, scipy_options={"method": "highs", "time_limit": float(time_limit)})
+        relaxed.solve(solver=cp.SCIPY, scipy_options=dict(method="highs", **({} if small else
+                                                                              dict(time_limit=float(time_limit)))))
     except cp.error.SolverError:
         return False
     return relaxed.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) and relaxed.value is not None

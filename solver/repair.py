@@ -108,20 +108,36 @@ def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_
     return out
 
 
+#: below this many (stage, group) cells of S (T, G), every candidate of `repaired_candidates` is
+#: built and `smallest_candidate` simulates all its best, whatever the deadline says (a repair is
+#: linear in the cells: about 7 ms at 10,000), so that the candidates do not depend on the
+#: machine's speed (docs/design.md, "Note [Small problems are solved whole]"); above it the
+#: deadline bounds them (on a 96-layer Llama they took 100 s)
+ALWAYS_BUILT_CELLS = 250_000
+
+
+def bounded(deadline: float | None, allow_s: np.ndarray) -> bool:
+    """Whether ``deadline`` (a `time.perf_counter` value or None) bounds the candidates of a graph
+    whose S has ``allow_s``'s (T, G) cells: only above `ALWAYS_BUILT_CELLS`."""
+    return deadline is not None and allow_s.size > ALWAYS_BUILT_CELLS
+
+
 def repaired_candidates(graph: OpGraph, mem: MemoryModel, frac_s, allow_s, recompute_s=None,
                         deadline: float | None = None):
-    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds): the first of
-    `candidate_keeps` and Chen's sqrt(n) segments (`checkpointed` at `chen_checkpoints`) whatever
-    ``deadline`` (a `time.perf_counter` value) says, the others while it allows.  So a search
-    stopped before its first step still has a candidate that recomputes (the first of
-    `candidate_keeps` keeps everything when there is no ``frac_s``)."""
+    """Repaired candidates as (S, R, ILP peak bytes, recompute seconds): every one of
+    `candidate_keeps` on graphs under `ALWAYS_BUILT_CELLS`; on larger ones, the first and Chen's
+    sqrt(n) segments (`checkpointed` at `chen_checkpoints`) whatever ``deadline`` (a
+    `time.perf_counter` value) says, the others while it allows.  So a search stopped before its
+    first step still has the same candidates on a small graph, and one that recomputes on any (the
+    first of `candidate_keeps` keeps everything when there is no ``frac_s``)."""
     def candidate(S, R):
         cost = 0.0 if recompute_s is None else float(np.asarray(recompute_s) @ R.sum(axis=0))
         return S, R, mem.peak(S, R), cost
 
+    limited = bounded(deadline, allow_s)
     out = []
     for keep in candidate_keeps(mem, frac_s, len(graph.bwd), recompute_s):
-        if out and deadline is not None and time.perf_counter() >= deadline:
+        if out and limited and time.perf_counter() >= deadline:
             break
         out.append(candidate(*repair(graph, mem, keep, allow_s)))
     if len(mem.groups):
@@ -143,11 +159,11 @@ def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | No
     Candidates are ranked by the ILP's memory expression (cheap), and among equal peaks by their
     number of recomputations (the 96-layer Llama's smallest peak was reached by candidates with
     52,297 and with 2,960,848 recomputations); the ``simulate_best`` best are then measured with
-    ``peak_of`` (the simulator) when it is given, the first always, the others while ``deadline``
-    (a `time.perf_counter` value) allows: a simulation of GoogLeNet at batch 320 takes seconds, and
-    eight of them made the smallest-budget search take 124 s of its 60.  The candidates themselves
-    are built while the deadline allows (one at least): on a 96-layer Llama they took 100 s past a
-    60 s limit.  A candidate with more
+    ``peak_of`` (the simulator) when it is given: all of them on graphs under
+    `ALWAYS_BUILT_CELLS`; on larger ones the first always and the others while ``deadline`` (a
+    `time.perf_counter` value) allows (a simulation of a large graph takes seconds: eight made a
+    smallest-budget search take 124 s of its 60).  The candidates themselves are built as
+    `repaired_candidates` says.  A candidate with more
     than `SIMULATED_RECOMPUTATIONS_PER_NODE` recomputations per forward node keeps its ILP peak
     (an upper bound of the simulator's) instead of being simulated.
     """
@@ -157,9 +173,10 @@ def smallest_candidate(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | No
         S, R, peak, _ = ranked[0]
         return peak, S, R
     most = SIMULATED_RECOMPUTATIONS_PER_NODE * max(1, len(graph.fwd))
+    limited = bounded(deadline, allow_s)
     best = None
     for k, (S, R, ilp_peak, _) in enumerate(ranked[:simulate_best]):
-        if k and deadline is not None and time.perf_counter() >= deadline:
+        if k and limited and time.perf_counter() >= deadline:
             break
         peak = peak_of(S, R) if R.sum() <= most else ilp_peak
         if best is None or peak < best[0]:

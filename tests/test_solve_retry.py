@@ -71,12 +71,16 @@ def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch
     """With its deadline already passed and no LP rounding, the smallest-budget search's repaired
     candidates still hold Chen's segments, so its answer saves memory: below plain PyTorch's peak
     by the simulator, and at most Chen's own peak.  (The first of `candidate_keeps` without an LP
-    rounding keeps everything; it alone was the answer of a search that ran out of time.)"""
+    rounding keeps everything; it alone was the answer of a search that ran out of time.)  On a
+    graph under `ALWAYS_BUILT_CELLS` the deadline changes nothing: every candidate is built."""
     import time
+
+    import numpy as np
 
     from monet.solver import ilp
     from monet.solver.chen import solve_chen
     from monet.solver.deadline import Deadline
+    from monet.solver import repair
     from monet.solver.repair import repaired_candidates, smallest_candidate
     from monet.solver.simulated import memory_model, simulated_peak_fn
 
@@ -87,7 +91,15 @@ def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch
     mem = memory_model(graph, costs)
     allow_s = ilp.allowed(graph, mem)[2]
     past = time.perf_counter() - 1.0
+    everyone = repaired_candidates(graph, mem, None, allow_s)
+    # a graph this small gets every candidate whatever the deadline: no dependence on speed
+    small = repaired_candidates(graph, mem, None, allow_s, deadline=past)
+    assert len(small) == len(everyone) > 2
+    assert all(np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0]) for a, b in zip(small, everyone))
+    # as large graphs are: the deadline bounds their candidates
+    monkeypatch.setattr(repair, "ALWAYS_BUILT_CELLS", 0)
     cands = repaired_candidates(graph, mem, None, allow_s, deadline=past)
+    assert len(cands) == 2
     assert not cands[0][1].any()  # the first: keep everything
     assert any(R.any() for _, R, _, _ in cands)
     peak_of = simulated_peak_fn(graph, costs, mem)
