@@ -26,3 +26,9 @@ def skip_in_ci(what: str, seconds: int | None = None, covered: str = "") -> None
 def not_in_ci(what: str, seconds: int | None = None, covered: str = ""):
     """`skip_in_ci` as a mark, for a whole test: ``@not_in_ci("the GPU table's CPU path", 130)``."""
     return pytest.mark.skipif(IN_CI, reason=reason(what, seconds, covered))
+
+
+#: the timeout of a test's child process: a guard against a hung child only, far above any run
+#: (the slowest, the GPU table's CPU path, took 130 s on 2 idle cores and over 300 s beside two
+#: busy processes), so that no outcome depends on the machine's speed
+HANG_GUARD_S = 3600

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ci import not_in_ci
+from ci import HANG_GUARD_S, not_in_ci
 import torch
 
 from monet.profiling.profiler import cache_path
@@ -34,7 +34,7 @@ def _run(tmp_path, device, *extra):
            "--work-dir", str(work), "--profiles-dir", str(profiles), "--out", str(out),
            "--budgets", ",".join(BUDGETS), "--time-limit", "3", "--repeats", "1", "--compile-budgets", "", "--no-progress",
            *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "[gpu_table" in proc.stderr  # it says what it is doing
     return work, profiles, out
@@ -90,7 +90,7 @@ def test_cpu_path_end_to_end(tmp_path):
 def test_missing_step_is_an_error_that_says_what_to_run(tmp_path):
     cmd = [sys.executable, str(SCRIPT), "--step", "measure", "--models", MODEL, "--device", "cpu",
            "--work-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 1
     assert "--step solve --models mobilenet_v2" in proc.stderr
 

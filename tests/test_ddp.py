@@ -17,6 +17,7 @@ import hashlib
 import time
 
 import pytest
+from ci import HANG_GUARD_S
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -36,7 +37,7 @@ STEPS = 2
 LR = 0.1
 # a guard against a hung rank (see _rank_main), not a speed test: far above what the ranks take, so a
 # slow or shared machine does not decide the outcome
-TIMEOUT_S = 600
+TIMEOUT_S = HANG_GUARD_S  # a guard against a hung rank, not a speed test
 
 
 class ResidualNet(nn.Module):

@@ -16,12 +16,10 @@ import subprocess
 import sys
 
 import pytest
-from ci import skip_in_ci
+from ci import HANG_GUARD_S, skip_in_ci
 import torch
 
 from doc_blocks import FILES, ROOT, fenced_blocks
-
-TIMEOUT_S = 600
 
 PRELUDE = f"""
 import sys
@@ -60,6 +58,6 @@ def test_block_runs(path, k, line, code, tmp_path_factory):
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
         "PYTHONPATH", "")]))}
     proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+                          timeout=HANG_GUARD_S)
     assert proc.returncode == 0, (f"{path.name} line {line}: the block failed\n--- stdout\n{proc.stdout[-3000:]}\n"
                                   f"--- stderr\n{proc.stderr[-6000:]}")

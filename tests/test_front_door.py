@@ -15,6 +15,7 @@ import monet
 from monet import terms
 from monet.plan import forget_plans, prepare
 from monet.solver.ilp import InfeasibleBudgetError
+from ci import HANG_GUARD_S
 from usernet import UserNet, labelled_batch
 
 SHAPE = (3, 16, 16)
@@ -222,7 +223,7 @@ def test_quiet_call_prints_nothing_at_all(tmp_path):
         monet.optimize(UserNet(), x, budget="80%", loss_fn=F.cross_entropy, target=y, time_limit=5,
                        progress=False, cache_dir={str(tmp_path)!r})
         """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == "" and proc.stdout == "", proc.stderr[-3000:]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from ci import HANG_GUARD_S
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -39,7 +40,7 @@ BATCH = 64  # the whole batch; each of the WORLD ranks gets BATCH // WORLD sampl
 WORLD = 2
 STEPS = 2
 LR = 0.1
-TIMEOUT_S = 600  # a guard against a hung rank, not a speed test
+TIMEOUT_S = HANG_GUARD_S  # a guard against a hung rank, not a speed test
 
 
 class Block(nn.Module):

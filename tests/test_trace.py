@@ -19,6 +19,7 @@ from monet.capture import capture
 from monet.profiling import trace as tr
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.solver.solve import eager_peak, solve
+from ci import HANG_GUARD_S
 from usernet import UserNet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,7 +273,7 @@ def test_gpu_script_cpu_path(tmp_path):
     """benchmarks/gpu_traces.py on its CPU path: a trace of the tiny ResNet-50 that replays here."""
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--only",
                            "resnet50-tiny-8-keepall", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, env={**__import__("os").environ, "KINETO_LOG_LEVEL": "6"})
+                          timeout=HANG_GUARD_S, env={**__import__("os").environ, "KINETO_LOG_LEVEL": "6"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = tmp_path / "resnet50-tiny-8-keepall.json.gz"
     trace = tr.Trace.load(path)
