@@ -88,7 +88,9 @@ def test_fast_path_matches_plain_ilp_in_full_mode(case):
 
 
 @pytest.mark.parametrize("frac", [0.9, 0.75, 0.6])
-def test_every_schedule_fits_its_budget_and_reports_a_gap(case, frac):
+def test_every_schedule_fits_its_budget_and_reports_a_gap(case, frac, request):
+    if request.node.callspec.params["case"] == "resnet" and frac > 0.6:
+        skip_in_ci("the small ResNet at 90 % and 75 %", 40, "CI solves UserNet at every budget and the ResNet at 60 %")
     graph, costs, eager = case
     try:
         sol = solve(graph, costs, int(frac * eager), FULL, solver="CBC", time_limit=20, gap=0.02)

@@ -62,8 +62,9 @@ def test_shipped_entry_loads_matches_and_fits(name):
     """Loads with the restricted unpickler, was made for its zoo model's graph at its batch and
     input shape, and the simulator's peak of its schedule is within its budget (and equals the
     recorded prediction)."""
-    if name.startswith("googlenet"):
-        skip_in_ci("GoogLeNet's entry at batch 320", 24, "CI verifies the other entries")
+    if name.startswith(("googlenet", "mobilenet_v2", "resnet50", "gpt2")):
+        skip_in_ci("the entries of the four largest graphs (GoogLeNet, MobileNetV2, ResNet-50, GPT-2 small)", 85,
+                   "CI verifies UNet's and VGG-16's entries, and the tiny zoo's build and verify")
     r = zoo_index.entry(name)
     res = zb.verify(name, _graph(r["model"], r["batch_size"], tuple(r["input_shape"])))
     assert res["fits"], f"{name}: simulated peak {res['peak_bytes']} > budget {res['budget_bytes']}"
