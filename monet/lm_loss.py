@@ -34,6 +34,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from monet.terms import fmt_size
+
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 
@@ -297,6 +299,29 @@ def find_lm_losses(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
             continue
         found.append((node, head[0]))
     return found
+
+
+def logits_bytes(gm: fx.GraphModule) -> int:
+    """Bytes of the logits (B T, V) that the language-model losses of a Dynamo-exported graph
+    (`find_lm_losses`) compute their cross-entropy from; 0 when it has none.  `fuse_lm_loss`
+    removes them (and their gradient, as many bytes again)."""
+    total = 0
+    for ce, _ in find_lm_losses(gm):
+        v = _value(ce.args[0] if ce.args else ce.kwargs["input"])
+        n = v.numel()  # a SymInt where the export made the sizes dynamic: its value at the example
+        total += int(n if isinstance(n, int) else n.node.hint) * v.element_size()
+    return total
+
+
+def chunked_loss_hint(gm: fx.GraphModule) -> str:
+    """The sentence an infeasible budget adds for a model whose loss `fuse_lm_loss` can chunk
+    (``gm``: its Dynamo-exported graph, captured without ``lm_loss``); "" for any other model."""
+    size = logits_bytes(gm)
+    if not size:
+        return ""
+    return (f"; the model computes its loss from {fmt_size(size)} of logits, kept for the backward pass with as "
+            f"much again for their gradient: lm_loss=\"chunked\" computes the head and the loss in chunks of "
+            f"tokens without them, which lowers the smallest feasible budget")
 
 
 def fuse_lm_loss(gm: fx.GraphModule, chunk: int | None = None) -> int:

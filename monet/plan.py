@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from monet.inputs import ExampleInputs
+from monet.lm_loss import chunked_loss_hint
 from monet.progress import Progress
 from monet.terms import MonetWarning, arg, fmt_size
 from monet.solver import DEFAULT_GAP
@@ -180,7 +181,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
         monet.capture.CaptureError: the model cannot be traced (the message names the construct).
         monet.solver.ilp.InfeasibleBudgetError: the budget is below the smallest feasible one,
             which the message names, with the arguments that get it (``budget=<bytes>``,
-            ``budget="min"``, ``if_infeasible="smallest"``).
+            ``budget="min"``, ``if_infeasible="smallest"``), and for a language model whose loss
+            can be chunked, ``lm_loss="chunked"`` (`monet.lm_loss.chunked_loss_hint`).
         ValueError: a malformed budget, mode, cost source or optimizer; a budget smaller than the
             optimizer's state; ``compile=True`` with a mode other than ``"normal"``.
     """
@@ -366,6 +368,10 @@ class Plan:
                 sol = solve(self.graph, self.costs, budget_bytes, mode, deadline=solving, **kw)
             except InfeasibleBudgetError as e:
                 if if_infeasible != "smallest" or e.min_budget_bytes is None:
+                    # a language model's loss the chunked loss can replace: say so (a graph
+                    # captured with lm_loss= holds no such loss any more)
+                    if self.graph.exported is not None:
+                        e.args = (str(e) + chunked_loss_hint(self.graph.exported[1]),)
                     raise
                 self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
                 sol = solve(self.graph, self.costs, None, mode, deadline=solving, knee_min=False,

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from monet.lm_loss import (CHUNK_ROWS, MAX_CHUNKS, default_chunk, find_lm_losses, fuse_lm_loss, fused, fused_loss,
-                           liger_chunk, linear_cross_entropy)
+from monet.lm_loss import (CHUNK_ROWS, MAX_CHUNKS, chunked_loss_hint, default_chunk, find_lm_losses, fuse_lm_loss,
+                           fused, fused_loss, liger_chunk, linear_cross_entropy, logits_bytes)
 from reach_models import missing
 
 
@@ -113,7 +113,10 @@ def test_the_rewrite_finds_the_head_and_drops_the_logits(gpt2):
     inputs = training_inputs(model, ExampleInputs.of(batch))
     gm = export(model, inputs)
     assert len(find_lm_losses(gm)) == 1
+    assert logits_bytes(gm) == 4 * 64 * 2048 * 4  # (B T, V) fp32
+    assert 'lm_loss="chunked"' in chunked_loss_hint(gm)
     assert fuse_lm_loss(gm, 64) == 1 and fuse_lm_loss(gm, 64) == 0  # idempotent
+    assert logits_bytes(gm) == 0 and chunked_loss_hint(gm) == ""
     torch.manual_seed(3)
     out = gm(*inputs.args, **inputs.kwargs)
     torch.manual_seed(3)
@@ -160,3 +163,16 @@ def _saved(wrapper, tmp_path):
     path = tmp_path / "chunked.monet"
     wrapper.solution.save(path)
     return path
+
+
+def test_an_infeasible_budget_names_the_chunked_loss(gpt2):
+    """A language model's infeasible budget says that ``lm_loss="chunked"`` lowers the smallest
+    feasible budget, and how many bytes of logits it saves.  (A graph whose loss is chunked
+    already, or that has no head, gets no such sentence: `chunked_loss_hint` is "" for those,
+    tested above.)"""
+    import monet
+
+    model, batch = gpt2
+    plan = monet.prepare(copy.deepcopy(model), batch, cost="analytic", progress=False)
+    with pytest.raises(monet.InfeasibleBudgetError, match='2.00 MiB of logits.*lm_loss="chunked"'):
+        plan.solve(budget=4096, time_limit=2)
