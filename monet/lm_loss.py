@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from monet.terms import fmt_size
+from monet.terms import arg, fmt_size
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -319,9 +319,11 @@ def chunked_loss_hint(gm: fx.GraphModule) -> str:
     size = logits_bytes(gm)
     if not size:
         return ""
+    how = arg('lm_loss="chunked"', 'monet.optimize(..., lm_loss="chunked") in Python (the command line has no such '
+              'option)')
     return (f"; the model computes its loss from {fmt_size(size)} of logits, kept for the backward pass with as "
-            f"much again for their gradient: lm_loss=\"chunked\" computes the head and the loss in chunks of "
-            f"tokens without them, which lowers the smallest feasible budget")
+            f"much again for their gradient: {how} computes the head and the loss in chunks of tokens without "
+            "them, which lowers the smallest feasible budget")
 
 
 def fuse_lm_loss(gm: fx.GraphModule, chunk: int | None = None) -> int:
