@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from monet.terms import arg, fmt_size
+from monet.terms import fmt_size
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -314,16 +314,15 @@ def logits_bytes(gm: fx.GraphModule) -> int:
 
 
 def chunked_loss_hint(gm: fx.GraphModule) -> str:
-    """The sentence an infeasible budget adds for a model whose loss `fuse_lm_loss` can chunk
-    (``gm``: its Dynamo-exported graph, captured without ``lm_loss``); "" for any other model."""
+    """The sentence `monet.plan.Plan.solve`'s infeasible budget adds for a model whose loss
+    `fuse_lm_loss` can chunk (``gm``: its Dynamo-exported graph, captured without ``lm_loss``); ""
+    for any other model.  (The command line has no ``lm_loss`` option and does not add it.)"""
     size = logits_bytes(gm)
     if not size:
         return ""
-    how = arg('lm_loss="chunked"', 'monet.optimize(..., lm_loss="chunked") in Python (the command line has no such '
-              'option)')
     return (f"; the model computes its loss from {fmt_size(size)} of logits, kept for the backward pass with as "
-            f"much again for their gradient: {how} computes the head and the loss in chunks of tokens without "
-            "them, which lowers the smallest feasible budget")
+            'much again for their gradient: lm_loss="chunked" computes the head and the loss in chunks of tokens '
+            "without them, which lowers the smallest feasible budget")
 
 
 def fuse_lm_loss(gm: fx.GraphModule, chunk: int | None = None) -> int:
