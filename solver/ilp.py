@@ -661,10 +661,11 @@ def _solve_lp(relaxed: cp.Problem, time_limit: float) -> bool:
     """Solve an LP relaxation with HiGHS through scipy (see `lp_relaxation` for why); True when it
     has an optimal value within ``time_limit`` seconds, or at all for an LP of at most `LARGE`
     variables, whatever ``time_limit`` (docs/design.md, "Note [Small problems are solved whole]")."""
-    small = sum(v.size for v in relaxed.variables()) <= LARGE
+    options = {"method": "highs"}
+    if sum(v.size for v in relaxed.variables()) > LARGE:
+        options["time_limit"] = float(time_limit)
     try:
-        relaxed.solve(solver=cp.SCIPY, scipy_options=dict(method="highs", **({} if small else
-                                                                              dict(time_limit=float(time_limit)))))
+        relaxed.solve(solver=cp.SCIPY, scipy_options=options)
     except cp.error.SolverError:
         return False
     return relaxed.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) and relaxed.value is not None
