@@ -19,7 +19,7 @@ meets issue 18's target: within 1 % of the best schedule known for that row (`BE
 committed file ``benchmarks/best_known.csv``, `monet.solver.best_known`: the lowest objective any run here has found, with
 the command that found it) within the time limit, or, for a budget below the smallest feasible
 one, proven infeasible within the limit (the budget is under the LP relaxation's bound on the
-smallest budget, `solver.ilp.min_budget_relaxation`) where no schedule is known.  A ``min`` row
+smallest budget, `solver.relaxation.min_budget_relaxation`) where no schedule is known.  A ``min`` row
 meets it when the smallest budget found within the limit is within 1 % of the best known one.
 ``to_best_s`` is the wall time from the call until the solve first held a schedule within 1 % of
 the best known, as its progress lines announce them (a MIP solver's incumbents, the local
@@ -64,7 +64,7 @@ MODE = "inplace_conv_multiway_newnode"
 SECTION = "## Solver at full scale"
 TARGET = 0.01  # a row's schedule (or smallest budget) within 1 % of the best known (issue 18)
 # the objectives (seconds) a solve's progress lines announce: a MIP solver's incumbents, the local
-# search's schedule above solver.ilp.LARGE
+# search's schedule above solver.formulation.LARGE
 _ANNOUNCED = re.compile(r"incumbent ([-+0-9.eE]+)|local search's schedule stands \(([-+0-9.eE]+) s\)")
 # an announced value this far below the best known is not this row's objective (the smallest-budget
 # search's incumbents are budgets, in the ILP's units)

@@ -123,7 +123,7 @@ def section(rows: list[dict], command: str, started: str, elapsed: float, finish
         "sheet). Where a GPU is available: measured peak, overhead and gradient error of these schedules are "
         "not measured yet (no GPU in the session that wrote this; the CUDA path's test is marked `cuda`).", "",
         table, "",
-        "How to read it: above `solver.ilp.LARGE` variables (both models) no MIP solver runs; every schedule "
+        "How to read it: above `solver.formulation.LARGE` variables (both models) no MIP solver runs; every schedule "
         "is a local search's, stopped by its wall-clock limit on cores shared with other jobs, so the same "
         "row moves by several points between runs, and an offload row can come out slower than the "
         "recompute-only one at a loose budget (its solve splits the limit over two offload policies, "

@@ -22,7 +22,8 @@ from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
 from monet.solution import Solution
 from monet.solver.deadline import Deadline
-from monet.solver.ilp import InfeasibleBudgetError, allowed
+from monet.solver.formulation import allowed
+from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.memory_model import MemoryModel
 from monet.solver.repair import checkpointed, chen_checkpoints
 from monet.solver.simulated import finish_solution, memory_model

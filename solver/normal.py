@@ -13,7 +13,8 @@ from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
 from monet.solution import Solution
 from monet.solver.deadline import Deadline
-from monet.solver.ilp import LARGE, InfeasibleBudgetError, problem_size, solve_ilp
+from monet.solver.formulation import LARGE
+from monet.solver.ilp import InfeasibleBudgetError, problem_size, solve_ilp
 from monet.solver.memory_model import MemoryModel
 from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn, simulation_seconds
 

@@ -28,7 +28,7 @@ Decisions (written here once; the ILP, the memory model, the simulator and the e
   (the copies share one stream): ``Xout >= c_out @ O``, ``Xout >= x @ O - F`` and the same for the
   in-copies with the backward time B; the objective adds ``Xout + Xin``.  Recomputation time that
   would also hide copies is not counted (conservative).
-* **Heuristic schedules** (repaired roundings, local search: what answers above `solver.ilp.LARGE`
+* **Heuristic schedules** (repaired roundings, local search: what answers above `solver.formulation.LARGE`
   variables) take the groups ``allowed`` offloaded wherever the schedule keeps them through their
   off-device window (`OffloadModel.effective`), so the MemoryModel's peaks and the simulator agree
   on what moves; `solver.solve` compares two policies there: the copies that are fully hidden, and

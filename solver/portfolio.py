@@ -16,8 +16,9 @@ from monet.solution import Solution
 from monet.solver.choices import (chosen_graph, chosen_impls, fixed_time, full_model, lean_impls,
                                   no_recompute_bound, option_seconds, round_options)
 from monet.solver.deadline import Deadline
-from monet.solver.ilp import (LARGE, InfeasibleBudgetError, min_budget_relaxation, problem_size,
-                              relaxation_in_background, relaxation_result, solve_ilp)
+from monet.solver.formulation import LARGE
+from monet.solver.ilp import InfeasibleBudgetError, problem_size, solve_ilp
+from monet.solver.relaxation import min_budget_relaxation, relaxation_in_background, relaxation_result
 from monet.solver.normal import solve_normal
 from monet.solver.simulated import eager_peak, finish_solution, simulated_peak_fn
 from monet.solver.smallest import smallest_schedule
@@ -26,7 +27,7 @@ from monet.solver.smallest import smallest_schedule
 CONDITIONS = {
     "options": "the mode has implementation choices for this graph",
     "no_options": "it has none: full mode is normal mode",
-    "small": f"the joint ILP has at most solver.ilp.LARGE ({LARGE}) variables: CBC runs on it",
+    "small": f"the joint ILP has at most solver.formulation.LARGE ({LARGE}) variables: CBC runs on it",
     "large": "it has more: no MIP solver, the local search finds the schedules",
     "above_lp_bound": "the budget is not below the LP relaxation's bound on the smallest budget (step 'bound')",
     "cheap_lean": "the cheap memory-lean implementation set (lean_impls, cheap=True) is not PyTorch's",
@@ -89,7 +90,7 @@ POLICY = Policy(steps=(
     # schedule fits the ILP's memory: only the smallest-budget search's schedule can (the
     # simulator's peak is a little lower), so the searches are skipped (VGG-16 at 50 % of its
     # plain peak was refused in 48 s, most of it spent on them)
-    Step("bound", "the LP relaxation's bound on the smallest budget (solver.ilp.min_budget_relaxation)",
+    Step("bound", "the LP relaxation's bound on the smallest budget (solver.relaxation.min_budget_relaxation)",
          when=("options", "small"), of_limit=0.1, floor_s=0.0),
     Step("joint", "the joint ILP (solver.ilp.solve_ilp with the implementation options); its LP "
          "relaxation is the bound reported for every schedule",
@@ -97,7 +98,7 @@ POLICY = Policy(steps=(
     # no MIP solver at this size (see LARGE): the joint ILP gives only its LP relaxation's bound,
     # computed in a thread while the fixed-implementation searches use the other core (its improved
     # start would repeat the one with PyTorch's implementations)
-    Step("joint_relaxation", "the joint ILP's LP relaxation in a thread (solver.ilp.relaxation_in_background)",
+    Step("joint_relaxation", "the joint ILP's LP relaxation in a thread (solver.relaxation.relaxation_in_background)",
          when=("options", "large", "above_lp_bound"), of_limit=1.0, keep_back_s=5.0, background=True),
     # even a proven joint schedule runs against the fixed ones: a repaired schedule the simulator
     # fits beat the joint "optimum" by 2 % on a small GPT-2 (the ILP's memory is an upper bound).
@@ -172,10 +173,10 @@ def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None
     or `solver.choices.no_recompute_bound` when higher or when the relaxation does not finish);
     normal mode's ILP with PyTorch's and with the cheap memory-lean implementations fixed, on what
     is left; only when none fits, the fully lean implementations, then the smallest-budget search.
-    Above `solver.ilp.LARGE` joint variables the joint step is only its LP relaxation, in a
+    Above `solver.formulation.LARGE` joint variables the joint step is only its LP relaxation, in a
     thread, and the fixed solves skip their own relaxation (`solver.ilp.solve_ilp`'s
     ``relaxation``); below it, a budget under the LP relaxation's bound on the smallest budget
-    (`solver.ilp.min_budget_relaxation`) goes to the smallest-budget search at once.
+    (`solver.relaxation.min_budget_relaxation`) goes to the smallest-budget search at once.
 
     The fastest schedule is returned (status "gap" when it is within ``gap`` of the joint ILP's
     bound, else "heuristic" for a fixed-implementation one).  The limit is the solver's: it starts

@@ -1,6 +1,6 @@
 """LP rounding and repair as a solver peer: `solve_rounding`.
 
-The LP relaxation of the time-minimising ILP (`solver.ilp.lp_relaxation`) gives a lower bound and
+The LP relaxation of the time-minimising ILP (`solver.relaxation.lp_relaxation`) gives a lower bound and
 a fractional keep matrix; `solver.repair.round_and_repair` rounds it at several thresholds (and
 tries Chen-style checkpoint sets), repairs each into a valid schedule, and keeps the cheapest that
 fits (the LP relaxation serves for a bound and for rounding).
@@ -13,7 +13,9 @@ from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
 from monet.solution import Solution
 from monet.solver.deadline import Deadline
-from monet.solver.ilp import InfeasibleBudgetError, allowed, lp_relaxation
+from monet.solver.formulation import allowed
+from monet.solver.ilp import InfeasibleBudgetError
+from monet.solver.relaxation import lp_relaxation
 from monet.solver.repair import round_and_repair
 from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn
 

@@ -16,9 +16,12 @@ from monet.impls import mode_tokens
 from monet.profiling.costs import CostArrays
 from monet.solution import Solution
 from monet.solver.choices import chosen_graph, chosen_impls, full_model, lean_impls
+from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError, solve_min_budget
 from monet.solver.offload import check_offload
+from monet.solver.repair import repaired_candidates
 from monet.solver.simulated import eager_peak, finish_solution, memory_model, simulated_peak_fn
+from monet.solver.structured import lower_hull, structured_candidates
 from monet.terms import fmt_size
 
 
@@ -142,10 +145,6 @@ def frontier(graph: OpGraph, costs: CostArrays, least: int, R_least: np.ndarray)
     (T, N)), the block-level schedules of chains of identical blocks (`solver.structured`) and the
     repaired checkpoint sets (`solver.repair.candidate_keeps`), their peaks the ILP's memory (an
     upper bound of the simulator's)."""
-    from monet.solver.ilp import allowed
-    from monet.solver.repair import repaired_candidates
-    from monet.solver.structured import lower_hull, structured_candidates
-
     mem = memory_model(graph, costs)
     allow_s = allowed(graph, mem)[2]
     rec = np.asarray(costs.fwd_recompute, dtype=float)
@@ -185,7 +184,7 @@ def knee(front: list[tuple[float, float]], plain_s: float, plain_bytes: float) -
 def min_budget_lower(graph: OpGraph, costs: CostArrays, mode: str = "normal", solver: str = "CBC",
                      time_limit: float = 60.0, device: str = "cpu", cost_fn=None, progress=None) -> int | None:
     """A lower bound (bytes) on `min_budget`'s answer in the ILP's memory model: the LP relaxation
-    of the budget-minimising ILP (`solver.ilp.min_budget_relaxation`), None if it gave no answer
+    of the budget-minimising ILP (`solver.relaxation.min_budget_relaxation`), None if it gave no answer
     in time.  The same search as `min_budget` (cached on the graph: calling both searches once)."""
     if mode == "none":
         return eager_peak(graph, costs)

@@ -61,7 +61,7 @@ class Structure:
         graph: the `OpGraph` (``graph.joint`` is read for the op signatures unless ``chains``).
         mem: its `MemoryModel`.
         recompute_s: (N,) seconds to recompute each forward node.
-        allow_s: (T, G) where the ILP may keep a group (`monet.solver.ilp.allowed`).
+        allow_s: (T, G) where the ILP may keep a group (`monet.solver.formulation.allowed`).
         chains: the chains (default `find_chains` of the graph).
     """
 
@@ -167,7 +167,7 @@ class Structure:
             if best is not None:
                 out.append(best)
             if lo <= self.n_blocks - 1:  # one richer block, over the budget by the ILP's memory: the
-                out.append(mixed(lo))  # simulator may fit it (`monet.solver.ilp.search`'s ``peak_of``)
+                out.append(mixed(lo))  # simulator may fit it (`monet.solver.search.search`'s ``peak_of``)
         return out
 
     def candidates(self, budget: float | None) -> list[Candidate]:

@@ -21,7 +21,7 @@ Why: on ResNet-50 at batch 184 (cheap lean implementations) this start, improved
 descent, gave 0.6312 s at 70 % of the plain peak and 0.6544 s at 50 %, where the local search from
 the checkpoint sets and the greedy gave 0.6378-0.6416 s and 0.6595 s (bound 0.6249 / 0.6336 s).
 At 33 % the interactions dominate (0.7254 s against the greedy's 0.6908 s): it is one start
-among others (`solver.ilp._start`).  It is the single-recomputation structure of checkpointing
+among others (`solver.search.mip_start`).  It is the single-recomputation structure of checkpointing
 (Chen et al. 2016, Sec. 4) with the choice of what to drop left to an exact knapsack.
 """
 from __future__ import annotations

@@ -24,7 +24,8 @@ from monet.profiling.costs import analytic_costs, costs_for
 from monet.simulate import schedule_peak
 from monet.schedule import schedule_from_matrices
 from monet.solver.blocks import crossing_bytes, find_chains
-from monet.solver.ilp import allowed, search
+from monet.solver.formulation import allowed
+from monet.solver.search import search
 from monet.solver.repair import checkpointed
 from monet.solver.simulated import eager_peak, memory_model
 from monet.solver.solve import solve
@@ -316,13 +317,13 @@ def test_a_block_schedule_only_the_simulator_fits_is_returned_when_nothing_else_
     find none), the search given the simulator returns a schedule the simulator fits, at most as
     dear as per-block checkpointing, instead of nothing (a 96-layer Llama at transformers'
     per-block peak then fell back to the smallest-budget schedule, +3,861 %)."""
-    import monet.solver.ilp as ilp
+    import monet.solver.search as search_module
 
     graph, costs, mem, peak_of, allow_s, per_block = _llama_per_block()
     budget = (peak_of(per_block.S, per_block.R) + per_block.peak) / 2
-    monkeypatch.setattr(ilp, "repaired_candidates", lambda *a, **k: [])
-    monkeypatch.setattr(ilp, "drop_greedily", lambda *a, **k: None)
-    monkeypatch.setattr(ilp, "drop_windows", lambda *a, **k: None)
+    monkeypatch.setattr(search_module, "repaired_candidates", lambda *a, **k: [])
+    monkeypatch.setattr(search_module, "drop_greedily", lambda *a, **k: None)
+    monkeypatch.setattr(search_module, "drop_windows", lambda *a, **k: None)
     assert search(graph, mem, allow_s, costs.fwd_recompute, budget) is None  # the ILP's count alone
     for deadline in (None, time.perf_counter() + 5):
         S, R, cost, _ = search(graph, mem, allow_s, costs.fwd_recompute, budget, deadline=deadline, iterate=True,
@@ -335,7 +336,7 @@ def test_the_search_takes_what_the_ilps_over_count_hides(stack):
     checkpointing saves), the search given it returns a schedule that recomputes less than the
     best the ILP's count allows at per-block checkpointing's peak, and that the simulator fits;
     with a simulator that agrees with the ILP, it returns what it was given."""
-    from monet.solver.ilp import _improve_in_simulated_slack
+    from monet.solver.search import _improve_in_simulated_slack
     from monet.solver.repair import improve
 
     _, _, graph, costs = stack

@@ -14,7 +14,7 @@ from monet.profiling import cuda_memory as cm
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.schedule import schedule_from_matrices
 from monet.simulate import simulate
-from monet.solver import ilp
+from monet.solver import formulation
 from monet.solver.repair import repair
 from monet.solver.solve import memory_model
 from monet.zoo.models import get_model
@@ -188,7 +188,7 @@ def test_ilp_memory_bounds_the_simulator_on_a_cuda_graph(request, case, n, gener
     random = mem.rng_state_bytes > 0
     assert random.sum() >= 2
     assert (mem.rng_state_bytes[random] == {"cpu": 5120, "cuda": 512}[generator]).all()
-    P = ilp.Problem(cuda, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(cuda, mem, np.zeros(len(graph.fwd)), "normal")
     rng = np.random.default_rng(0)
     recomputed_random = 0
     for k in range(n):

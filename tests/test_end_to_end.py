@@ -59,7 +59,7 @@ SOLVER = "HIGHS"
 FRACTIONS = (0.5,) if IN_CI else (0.8, 0.5)
 FULL = "inplace_conv_multiway_newnode"
 FULL_FRACTIONS = (0.8,)
-# Graphs whose joint ILP exceeds `solver.ilp.LARGE` variables: their full-mode cases take 1.5-2
+# Graphs whose joint ILP exceeds `solver.formulation.LARGE` variables: their full-mode cases take 1.5-2
 # minutes each (variant graphs, two LP relaxations, local searches), so CI (CI=true, 20 minutes on
 # 2 cores) runs full mode on VGG-16 and U-Net only (the smallest budget on U-Net only); run
 # without CI=true for all six.

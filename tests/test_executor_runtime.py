@@ -16,7 +16,7 @@ from monet.profiling.check import grads_and_buffers
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.schedule import schedule_from_matrices
 from monet.solution import AutocastMismatchError, SolutionMismatchError
-from monet.solver import ilp
+from monet.solver import formulation
 from monet.solver.repair import repair
 from monet.solver.solve import keep_all_matrices, memory_model, solve
 from monet.wrapper import MONeTWrapper, scheduled_module
@@ -38,7 +38,7 @@ def bn_case():
     graph = capture(model, x)
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
     schedules = {"keep-all": schedule_from_matrices(graph, *keep_all_matrices(graph)),
                  "keep-nothing": schedule_from_matrices(graph, mem.group_to_node(S), R)}

@@ -29,7 +29,7 @@ from monet.impls.registry import Impl
 from monet.profiling import check as chk
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.schedule import schedule_from_matrices
-from monet.solver import ilp
+from monet.solver import formulation
 from monet.solver.repair import repair
 from monet.solver.solve import keep_all_matrices, memory_model
 from monet.wrapper import scheduled_module
@@ -84,7 +84,7 @@ def _keep_nothing(graph):
     """The schedule that keeps nothing it can recompute (the attention node is recomputed)."""
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
     return schedule_from_matrices(graph, mem.group_to_node(S), R)
 

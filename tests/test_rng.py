@@ -14,7 +14,7 @@ from monet.profiling.check import output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.schedule import schedule_from_matrices
 from monet.simulate import simulate
-from monet.solver import ilp
+from monet.solver import formulation
 from monet.solver.repair import repair
 from monet.solver.solve import memory_model
 from monet.wrapper import scheduled_module
@@ -32,7 +32,7 @@ def _keep_nothing(model, x):
     graph = capture(model, x)
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
     return graph, costs, schedule_from_matrices(graph, mem.group_to_node(S), R)
 

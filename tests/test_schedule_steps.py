@@ -10,7 +10,7 @@ from monet.executor import ScheduleError, check_steps
 from monet.schedule import matrices_from_schedule, schedule_from_matrices, without_dead_recomputations
 from monet.simulate import schedule_peak
 from monet.solution import Schedule, Stage
-from monet.solver import ilp
+from monet.solver import formulation
 from monet.solver.repair import repair
 from monet.solver.solve import memory_model
 from monet.steps import BACKWARD, COMPUTE, FORWARD, FREE, KEEP, OFFLOAD, PREFETCH, RECOMPUTE, Step
@@ -24,7 +24,7 @@ def _graph_and_memory(case):
 
 def _schedules(graph, mem, n, seed=0):
     """(S (T, N), R (T, N)) of repaired random keep choices, keep-nothing and keep-everything first."""
-    P = ilp.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
     rng = np.random.default_rng(seed)
     for k in range(n):
         if k < 2:

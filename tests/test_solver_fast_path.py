@@ -11,7 +11,7 @@ import torch
 
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.solver import ilp
+from monet.solver import formulation, ilp, relaxation
 from monet.solver.cbc import solve_cbc
 from monet.solver.simulated import simulated_peak_fn
 from monet.solver.solve import analytic_cost_fn, eager_peak, fixed_time, full_model, memory_model, solve
@@ -159,7 +159,7 @@ def test_relaxation_charges_every_recomputation_and_every_read(case, request):
         skip_in_ci("the ResNet's full-mode relaxation", 44, "CI relaxes the other cases")
     options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
     for budget in (0.6 * eager, 0.7 * eager, 0.8 * eager):  # the smallest the relaxation fits
-        P = ilp.Problem(graph, mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
+        P = formulation.Problem(graph, mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
         lp = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(budget))
         lp.solve(solver=cp.SCIPY, scipy_options={"method": "highs"})
         if lp.status == cp.OPTIMAL:
@@ -206,7 +206,7 @@ def test_drop_starts_fit_the_budget_and_drop_nothing_at_the_plain_peak(case, sta
     make = drop_greedily if start == "greedy" else drop_windows
     graph, costs, eager = case
     mem = memory_model(graph, costs)
-    P = ilp.Problem(graph, mem, costs.fwd_recompute, "normal")
+    P = formulation.Problem(graph, mem, costs.fwd_recompute, "normal")
     S, R, cost = make(graph, mem, P.allow_s, eager, costs.fwd_recompute, time.perf_counter() + 60)
     assert cost == 0 and not R.any()
     peak_of = simulated_peak_fn(graph, costs, mem)
@@ -226,10 +226,10 @@ def test_drop_starts_fit_the_budget_and_drop_nothing_at_the_plain_peak(case, sta
 def test_relaxation_in_background_gives_the_relaxation(case):
     graph, costs, eager = case
     mem = memory_model(graph, costs)
-    direct = ilp.lp_relaxation(graph, mem, costs.fwd_recompute, 0.85 * eager, "normal", 60)
+    direct = relaxation.lp_relaxation(graph, mem, costs.fwd_recompute, 0.85 * eager, "normal", 60)
     import time
-    future = ilp.relaxation_in_background(graph, mem, costs.fwd_recompute, 0.85 * eager, "normal", 60)
-    threaded = ilp.relaxation_result(future, time.perf_counter() + 60)
+    future = relaxation.relaxation_in_background(graph, mem, costs.fwd_recompute, 0.85 * eager, "normal", 60)
+    threaded = relaxation.relaxation_result(future, time.perf_counter() + 60)
     assert direct[0] is not None and threaded[0] == pytest.approx(direct[0])
 
 
@@ -240,7 +240,7 @@ def test_min_budget_lower_bound_is_below_the_proven_minimum_and_refuses_below_it
     bound in the message."""
     graph, costs, eager = case
     mem = memory_model(graph, costs)
-    lower, frac = ilp.min_budget_relaxation(graph, mem, "normal", 60)
+    lower, frac = relaxation.min_budget_relaxation(graph, mem, "normal", 60)
     assert frac is not None and frac.shape == (len(graph.bwd), len(mem.groups))
     # UserNet's is proven in about a second, so its limit is a margin (CBC returns at the proof);
     # the small ResNet's is not proven in 80 s, and 10 s give it a schedule to bound
