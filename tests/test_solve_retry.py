@@ -76,7 +76,7 @@ def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch
     graph under `ALWAYS_BUILT_CELLS` the deadline changes nothing: every candidate is built."""
     import time
 
-    from monet.solver import formulation, ilp, relaxation
+    from monet.solver import formulation
     from monet.solver.chen import solve_chen
     from monet.solver.deadline import Deadline
     from monet.solver import repair
@@ -106,17 +106,3 @@ def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch
     chen = solve_chen(graph, costs, plain, deadline=Deadline(20)).meta.predicted_peak_bytes
     assert R.any() and peak <= chen < plain
 
-
-def test_a_small_lp_relaxation_is_solved_whatever_the_time_limit():
-    """An LP of at most `LARGE` variables is solved whole (docs/design.md, "Note [Small problems
-    are solved whole]"): the same bound with no time as with a minute."""
-    from monet.solver import formulation, ilp, relaxation
-    from monet.solver.simulated import memory_model
-
-    torch.manual_seed(0)
-    graph = capture(UserNet(), torch.randn(4, 3, 16, 16))
-    mem = memory_model(graph, costs_for(graph, analytic_costs(graph)))
-    assert ilp.problem_size(graph, mem, np.zeros(len(graph.fwd)), "normal")[0] <= formulation.LARGE
-    bound, frac = relaxation.min_budget_relaxation(graph, mem, "normal", time_limit=1e-9)
-    assert bound is not None and frac is not None
-    assert bound == pytest.approx(relaxation.min_budget_relaxation(graph, mem, "normal", time_limit=60)[0], rel=1e-9)

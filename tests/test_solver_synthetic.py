@@ -9,7 +9,9 @@ later stage, what the stage recomputes, and the stage's input and output gradien
 import numpy as np
 import pytest
 
-from monet.solver.ilp import InfeasibleBudgetError
+from monet.solver import formulation, relaxation
+from monet.solver.ilp import InfeasibleBudgetError, problem_size
+from monet.solver.simulated import memory_model
 from monet.solver.solve import PEERS, eager_peak, min_budget, solve
 from monet.solver.deadline import Deadline
 from synthetic import blocks, chain, costs_of, diamond, dropping, joint_graph, simulated_peak
@@ -130,3 +132,14 @@ def test_a_small_graph_gets_its_optimum_whatever_the_time_limit(time_limit):
     graph, costs = _graph(chain(*CHAIN))
     sol = solve(graph, costs, 8_488, time_limit=time_limit)
     assert _extra_s(sol, costs) == pytest.approx(7 * MS)
+
+
+def test_a_small_lp_relaxation_is_solved_whatever_the_time_limit():
+    """An LP of at most `LARGE` variables is solved whole (docs/design.md, "Note [Small problems
+    are solved whole]"): the same bound with no time as with a minute."""
+    graph, costs = _graph(chain(*CHAIN))
+    mem = memory_model(graph, costs)
+    assert problem_size(graph, mem, np.zeros(len(graph.fwd)), "normal")[0] <= formulation.LARGE
+    bound, frac = relaxation.min_budget_relaxation(graph, mem, "normal", time_limit=1e-9)
+    assert bound is not None and frac is not None
+    assert bound == pytest.approx(relaxation.min_budget_relaxation(graph, mem, "normal", time_limit=60)[0], rel=1e-9)
