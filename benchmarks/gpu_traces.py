@@ -115,7 +115,8 @@ def record(cfg: Config, device: str, out: Path, profile: Path | None, time_limit
     import torch
 
     from monet.models import build
-    from monet.profiling.trace import compare_trace, record_trace
+    from monet.profiling.trace import record_trace
+    from monet.profiling.trace_compare import compare_trace
     from monet.schedule import schedule_from_matrices
     from monet.solver.simulated import eager_peak, keep_all_matrices
     from monet.solver.ilp import InfeasibleBudgetError
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from monet.profiling.trace import device_info
+    from monet.profiling.probes import device_info
 
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda needs a GPU; use --device cpu --tiny here")

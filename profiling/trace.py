@@ -4,7 +4,7 @@ the allocator measured while that node ran, and a file that keeps the measuremen
 **Recording** (`record_trace`).  One training iteration of a schedule is run through
 `monet.wrapper.ScheduledModule` (the executor's forward and backward modules,
 `monet.executor.build_modules`, under AOTAutograd) after one warm-up iteration, with every
-``call_function`` node of both modules run by `ProbedInterpreter`: it runs the node, frees the values
+``call_function`` node of both modules run by `monet.profiling.probes.ProbedInterpreter`: it runs the node, frees the values
 whose last use it is (and its output when nothing reads it, as FX's generated code does), and wraps
 all of that in a probe, so the frees a node causes belong to it.  Attribution:
 
@@ -57,9 +57,9 @@ forward pass), ``name`` (the FX node), ``op``, ``role`` ("forward", "recompute",
 ``before_bytes``, ``peak_bytes``, ``after_bytes`` (measured, bytes allocated in all, absolute), and
 ``sim_peak_bytes``, ``sim_after_bytes``, ``sim_outputs_bytes``, ``sim_workspace_bytes`` (the
 simulator's, as of the recording; `replay_trace` recomputes them).  The solution is kept as its
-schedule, and the captured joint graph as data (`graph_to_json`: per FX node its operator, arguments
+schedule, and the captured joint graph as data (`monet.profiling.graph_json.graph_to_json`: per FX node its operator, arguments
 and traced shapes, dtypes, storage bytes and device), so the simulation replays on any machine,
-without the model's code, the solver or a GPU: `graph_from_json` rebuilds the joint graph with fake
+without the model's code, the solver or a GPU: `monet.profiling.graph_json.graph_from_json` rebuilds the joint graph with fake
 tensors that report the recorded device (nothing is allocated) and checks its fingerprint.  (A
 capture on the meta device, as `monet.zoo.build.capture_config` does, gives ResNet-50's CUDA graph,
 fingerprint for fingerprint, but not GPT-2's: there ``scaled_dot_product_attention`` becomes matrix
@@ -71,14 +71,13 @@ the recording itself: the largest ``peak - before - outputs`` over a node's runs
 tests what is live, not the workspace estimate), or the profile or costs the schedule was solved
 with (``"profile <file>"``, ``"analytic"``), whose numbers are copied into the file.
 
-**Comparing** (`compare`): per row, measured minus simulated bytes after the node and while it runs;
+**Comparing** (`monet.profiling.trace_compare.compare`): per row, measured minus simulated bytes after the node and while it runs;
 the first row where either differs by more than the tolerance is where the memory model and the
 allocator part; the peaks of the iteration are compared as docs/design.md ("What must stay true") promises (within 2 %).
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime
 import gzip
 import json
@@ -90,33 +89,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-import torch.fx as fx
 
 from monet import compat
-from monet.graph import op_name
+
+from monet.profiling.graph_json import graph_from_json, graph_to_json
+from monet.profiling.probes import CpuProbe, CudaProbe, ProbedInterpreter, device_info
+from monet.profiling.trace_format import (ENV_KEYS, FORMAT, MEASURED, PEAK_TOLERANCE, SCOPE, SIMULATED, VERSION,
+                                          TraceFormatError, TraceMismatchError)
 
 __all__ = ["FORMAT", "VERSION", "SCOPE", "PEAK_TOLERANCE", "Trace", "TraceFormatError", "TraceMismatchError",
-           "ProbedInterpreter", "record_trace", "trace_workspace", "replay_trace", "graph_to_json", "graph_from_json",
-           "compare",
-           "compare_trace", "is_trace_file", "Comparison",
-           "format_report", "schedule_to_json", "schedule_from_json", "device_info"]
-
-FORMAT = "monet-trace"
-VERSION = 1
-SCOPE = "monet::"  # record_function / allocator metadata prefix of a node's row
-PEAK_TOLERANCE = 0.02  # docs/design.md, "What must stay true": predicted peak within 2 % of measured
-ENV_KEYS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
-            "TORCH_CUBLASLT_UNIFIED_WORKSPACE", "TORCH_CUDNN_V8_API_DISABLED")
-MEASURED = ["gap_peak_bytes", "before_bytes", "peak_bytes", "after_bytes"]
-SIMULATED = ["sim_peak_bytes", "sim_after_bytes", "sim_outputs_bytes", "sim_workspace_bytes"]
-
-
-class TraceFormatError(ValueError):
-    """A file that is not a monet trace, or of a newer format version; the message names the file."""
-
-
-class TraceMismatchError(ValueError):
-    """A trace whose model, rebuilt here, is not the graph it recorded (another fingerprint)."""
+           "record_trace", "trace_workspace", "replay_trace", "is_trace_file", "schedule_to_json",
+           "schedule_from_json"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,158 +184,6 @@ def schedule_from_json(doc: dict):
                     offload=[tuple(o) for o in doc.get("offload", [])])
 
 
-# ----------------------------------------------------------------------------------------------
-# running a module node by node
-# ----------------------------------------------------------------------------------------------
-
-
-class ProbedInterpreter(fx.Interpreter):
-    """Runs an FX module node by node, each ``call_function`` node inside ``probe.enter`` /
-    ``probe.exit``, freeing inside the probe the values whose last use the node is, and the node's
-    output when nothing reads it (what FX's generated code frees, at the same points).
-
-    Args:
-        gm: the forward or backward module.
-        pass_: "forward" or "backward", passed to the probe.
-        probe: ``enter(pass_, node) -> token`` and ``exit(token)``.
-    """
-
-    def __init__(self, gm: fx.GraphModule, pass_: str, probe):
-        super().__init__(gm, garbage_collect_values=False)
-        self.pass_, self.probe = pass_, probe
-        seen: set = set()
-        self.last_uses: dict[fx.Node, list[fx.Node]] = {}
-        for node in reversed(self.graph.nodes):
-            for a in node.all_input_nodes:
-                if a not in seen:
-                    seen.add(a)
-                    self.last_uses.setdefault(node, []).append(a)
-
-    def run_node(self, n: fx.Node):
-        if n.op != "call_function":
-            return super().run_node(n)
-        token = self.probe.enter(self.pass_, n)
-        try:
-            result = super().run_node(n)
-            for a in self.last_uses.get(n, ()):
-                self.env.pop(a, None)
-            if not n.users:
-                result = None
-        finally:
-            self.probe.exit(token)
-        return result
-
-    def boxed(self):
-        """The callable AOTAutograd calls (boxed: one list of inputs); the backward's list is
-        cleared, so its inputs (the saved tensors) are freed after their last use."""
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        clear = self.pass_ == "backward"
-
-        def run(args):
-            env = dict(zip(placeholders, args))
-            if clear:
-                args.clear()
-            try:
-                return self.run(initial_env=env, enable_io_processing=False)
-            finally:
-                self.env = {}
-
-        return compat.boxed_list_function(run)
-
-
-def _role(pass_: str, n: fx.Node, fwd_of: dict) -> tuple[str, int]:
-    tag = n.meta.get("monet")
-    if tag is not None:
-        kind, i = tag
-        role = {"fwd": "recompute", "bwd": "backward", "alias": "view", "offload": "offload"}.get(kind, "other")
-        return role, int(i)
-    if pass_ == "forward" and n.name in fwd_of:
-        return "forward", fwd_of[n.name]
-    return "other", -1
-
-
-class _Probe:
-    """Collects one row per node run; subclasses measure."""
-
-    def __init__(self):
-        self.rows: list[dict] = []
-        self.fwd_of: dict = {}
-
-    def _row(self, pass_: str, n: fx.Node) -> dict:
-        role, i = _role(pass_, n, self.fwd_of)
-        row = dict(row=len(self.rows), pass_=pass_, name=n.name, op=op_name(n), role=role, node_id=i)
-        self.rows.append(row)
-        return row
-
-
-class _CpuProbe(_Probe):
-    def enter(self, pass_, n):
-        row = self._row(pass_, n)
-        rf = torch.profiler.record_function(f"{SCOPE}{row['row']}")
-        rf.__enter__()
-        return rf
-
-    def exit(self, rf):
-        rf.__exit__(None, None, None)
-
-
-class _CudaProbe(_Probe):
-    def __init__(self, device):
-        super().__init__()
-        self.device = device
-        self.labels = False
-
-    def enter(self, pass_, n):
-        row = self._row(pass_, n)
-        row["gap_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
-        row["before_bytes"] = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.labels = compat.cuda_memory_metadata(f"{SCOPE}{row['row']}")
-        return row
-
-    def exit(self, row):
-        compat.cuda_memory_metadata("")
-        row["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
-        row["after_bytes"] = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-
-
-# ----------------------------------------------------------------------------------------------
-# recording
-# ----------------------------------------------------------------------------------------------
-
-
-def _blas_version() -> str | None:
-    """cuBLAS's version from the cuBLAS library the process loaded (``cublasLtGetVersion``), None when
-    it cannot be found."""
-    import ctypes
-
-    for line in open("/proc/self/maps", encoding="utf-8", errors="replace") if os.path.exists("/proc/self/maps") else ():
-        path = line.split()[-1] if line.strip() else ""
-        if "libcublasLt.so" in path:
-            try:
-                return str(ctypes.CDLL(path).cublasLtGetVersion())
-            except (OSError, AttributeError):
-                return None
-    return None
-
-
-def device_info(device) -> dict:
-    """What a trace records of the device: type, name, compute capability, torch / CUDA / cuDNN /
-    cuBLAS versions, numerics settings (`monet.compat.numerics`) and the allocator and BLAS
-    environment variables that change byte counts."""
-    from monet.profiling.profiler import device_name
-
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    return {"type": dev.type, "name": device_name(dev),
-            "capability": list(torch.cuda.get_device_capability(dev)) if cuda else None,
-            "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-            "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "cublas": _blas_version() if cuda else None, "numerics": compat.numerics(),
-            "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ}}
-
-
 def _stage_column(rows: list[dict]) -> list[int]:
     """Backward stage of each row: a recomputation belongs to the stage of the next backward node."""
     stages, current = [-1] * len(rows), -1
@@ -365,7 +196,7 @@ def _stage_column(rows: list[dict]) -> list[int]:
     return stages
 
 
-def _cpu_measure(probe: _CpuProbe, events, scopes, baseline: int) -> tuple[dict, pd.DataFrame]:
+def _cpu_measure(probe: CpuProbe, events, scopes, baseline: int) -> tuple[dict, pd.DataFrame]:
     """Per-row measured bytes from the scoped CPU events (see the module docstring)."""
     import bisect
 
@@ -497,7 +328,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
     model = copy.deepcopy(model)
     if g is None:
         g = output_grad(model, x, autocast=autocast)
-    probe = _CpuProbe() if device.type == "cpu" else _CudaProbe(device)
+    probe = CpuProbe() if device.type == "cpu" else CudaProbe(device)
     sol = schedule if isinstance(schedule, Solution) else None
     if sol is not None:
         def make_schedule(graph):
@@ -622,158 +453,6 @@ def _recorded_env(env: dict):
                 os.environ[k] = v
 
 
-# ---- the captured joint graph, as data: replayed with fake tensors of the recorded device, so a
-# CUDA graph (its attention kernels are CUDA ops: a capture on the meta device decomposes GPT-2's
-# scaled_dot_product_attention into matmuls instead) is simulated as it was recorded, on any machine
-
-
-def _target_name(n: fx.Node) -> str:
-    import operator
-
-    if n.target is operator.getitem:
-        return "operator.getitem"
-    name = op_name(n)  # "aten.convolution.default" for an operator overload
-    if name.count(".") < 2 or name.startswith("monet."):
-        raise TraceFormatError(f"cannot record the graph's target {n.target!r}: only operator overloads and getitem")
-    return name
-
-
-def _resolve_target(name: str):
-    import operator
-
-    if name == "operator.getitem":
-        return operator.getitem
-    ns, *op, overload = name.split(".")
-    try:
-        return getattr(getattr(getattr(torch.ops, ns), ".".join(op)), overload)
-    except (AttributeError, RuntimeError):
-        raise TraceFormatError(f"operator {name} is not known to torch {torch.__version__}") from None
-
-
-_ENUMS = {"mf": torch.memory_format, "layout": torch.layout}
-
-
-def _enc(a):
-    if isinstance(a, fx.Node):
-        return {"n": a.name}
-    if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
-        return a
-    if isinstance(a, float):
-        return a if np.isfinite(a) else {"f": repr(a)}
-    if isinstance(a, tuple):
-        return {"t": [_enc(x) for x in a]}
-    if isinstance(a, list):
-        return {"l": [_enc(x) for x in a]}
-    if isinstance(a, dict):
-        return {"d": {k: _enc(v) for k, v in a.items()}}
-    if isinstance(a, torch.dtype):
-        return {"dtype": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.device):
-        return {"device": str(a)}
-    if isinstance(a, torch.memory_format):
-        return {"mf": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.layout):
-        return {"layout": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.Tensor):
-        return {"T": [list(a.shape), list(a.stride()), str(a.dtype).removeprefix("torch."), int(a.storage_offset()),
-                      int(a.untyped_storage().nbytes()), str(a.device)]}
-    raise TraceFormatError(f"cannot record the graph value {a!r} ({type(a).__name__})")
-
-
-def _dec(a, env: dict, fake):
-    if isinstance(a, list):  # a bare JSON list does not occur: lists and tuples are tagged
-        raise TraceFormatError("malformed graph in the trace")
-    if not isinstance(a, dict):
-        return a
-    (key, v), = a.items()
-    if key == "n":
-        return env[v]
-    if key == "t":
-        return tuple(_dec(x, env, fake) for x in v)
-    if key == "l":
-        return [_dec(x, env, fake) for x in v]
-    if key == "d":
-        return {k: _dec(x, env, fake) for k, x in v.items()}
-    if key == "f":
-        return float(v)
-    if key == "dtype":
-        return getattr(torch, v)
-    if key == "device":
-        return torch.device(v)
-    if key in _ENUMS:
-        return getattr(torch, v)
-    if key == "T":
-        shape, stride, dtype, offset, nbytes, device = v
-        storage = torch.empty(nbytes, dtype=torch.uint8, device="meta").untyped_storage()
-        meta = torch.empty(0, dtype=getattr(torch, dtype), device="meta").set_(storage, offset, shape, stride)
-        return compat.fake_tensor_on(fake, meta, device)
-    raise TraceFormatError(f"malformed graph in the trace (key {key!r})")
-
-
-def graph_to_json(graph) -> dict:
-    """The captured joint graph of an `OpGraph` as data (``meta.graph.joint`` of a trace): per FX
-    node its kind, name, target, arguments and traced value (shapes, strides, dtypes, storage bytes,
-    device), with the number of forward outputs, the primals' kinds and the autocast setting.
-
-    Raises:
-        TraceFormatError: a node whose target or argument cannot be written (not an ATen operator).
-    """
-    nodes = []
-    for n in graph.joint.graph.nodes:
-        target = _target_name(n) if n.op == "call_function" else n.target
-        nodes.append([n.op, n.name, target, _enc(n.args), _enc(n.kwargs), _enc(n.meta.get("val"))])
-    return {"nodes": nodes, "num_fwd_outputs": graph.num_fwd_outputs, "primal_kinds": dict(graph.primal_kinds),
-            "autocast": list(graph.autocast) if graph.autocast else None}
-
-
-def graph_from_json(doc: dict, fingerprint: str | None = None, capability=None):
-    """The `OpGraph` `graph_to_json` wrote, rebuilt with fake tensors on the recorded devices (no GPU
-    needed, nothing allocated): ``build_opgraph`` of the joint graph, its device ("cuda" for a CUDA
-    recording) and ``cuda_capability``.
-
-    Raises:
-        TraceMismatchError: the rebuilt graph's fingerprint is not ``fingerprint``.
-        TraceFormatError: an operator this torch does not know, or a malformed graph.
-    """
-    from monet.graph import build_opgraph
-
-    fake = compat.fake_mode()
-    graph, env, root = fx.Graph(), {}, torch.nn.Module()
-    for op, name, target, args, kwargs, val in doc["nodes"]:
-        a, k = _dec(args, env, fake), _dec(kwargs, env, fake)
-        if op == "call_function":
-            node = graph.create_node(op, _resolve_target(target), a, k, name=name)
-        elif op == "placeholder":
-            node = graph.create_node(op, target, (), {}, name=name)
-        elif op == "get_attr":
-            node = graph.create_node(op, target, (), {}, name=name)
-            holder = root
-            *path, leaf = target.split(".")
-            for part in path:
-                if not hasattr(holder, part):
-                    holder.add_module(part, torch.nn.Module())
-                holder = getattr(holder, part)
-            holder.register_buffer(leaf, _dec(val, env, fake) if val is not None else None)
-        elif op == "output":
-            node = graph.create_node(op, target, a, k, name=name)
-        else:
-            raise TraceFormatError(f"malformed graph in the trace (node kind {op!r})")
-        if node.name != name:
-            raise TraceFormatError(f"malformed graph in the trace (node {name} became {node.name})")
-        node.meta["val"] = _dec(val, env, fake)
-        env[name] = node
-    joint = fx.GraphModule(root, graph)
-    autocast = tuple(doc["autocast"]) if doc.get("autocast") else None
-    out = build_opgraph(joint, doc["num_fwd_outputs"], doc["primal_kinds"], autocast=autocast)
-    if fingerprint is not None and out.fingerprint != fingerprint:
-        raise TraceMismatchError(f"the trace's graph, rebuilt here, has fingerprint {out.fingerprint[:12]}, the "
-                                 f"recording {fingerprint[:12]}: the trace was written by another monet or torch; "
-                                 f"record it again")
-    if capability is not None:
-        out.cuda_capability = tuple(capability)
-    return out
-
-
 def replay_trace(trace: Trace, graph=None):
     """Recompute a trace's simulation here (any machine, no GPU): rebuild its joint graph with fake
     tensors of the recorded device (`graph_from_json`), build the executor's modules of the recorded
@@ -810,91 +489,6 @@ def replay_trace(trace: Trace, graph=None):
     return sim, _with_simulation(trace.nodes, sim)
 
 
-# ----------------------------------------------------------------------------------------------
-# comparing
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Comparison:
-    """Measured against simulated (bytes).
-
-    Attributes:
-        measured_peak, simulated_peak: the iteration's peaks; ``peak_ratio`` = simulated / measured.
-        first_parting: the first row (a dict of the node's columns plus ``quantity``, "after" or
-            "peak", and ``difference`` = measured - simulated) where the two differ by more than
-            ``tolerance_bytes``; None when they never do.
-        unmatched: rows the simulation has no node for (NaN ``sim_*``: the traced modules differ).
-        nodes: the rows with ``diff_after`` and ``diff_peak`` columns.
-    """
-
-    measured_peak: int
-    simulated_peak: int
-    measured_peak_at: str
-    simulated_peak_at: str
-    tolerance_bytes: int
-    first_parting: dict | None
-    unmatched: int
-    nodes: pd.DataFrame
-
-    @property
-    def peak_ratio(self) -> float:
-        return self.simulated_peak / self.measured_peak if self.measured_peak else float("nan")
-
-    @property
-    def within(self) -> bool:
-        """The simulated peak within `PEAK_TOLERANCE` (2 %) of the measured one."""
-        return abs(self.simulated_peak - self.measured_peak) <= PEAK_TOLERANCE * self.measured_peak
-
-
-def compare(nodes: pd.DataFrame, measured_peak: int, simulated_peak: int, *, simulated_peak_at: str = "",
-            tolerance_bytes: int | None = None, rtol: float = 0.002) -> Comparison:
-    """Compare a trace's measured and simulated columns row by row.
-
-    Args:
-        nodes: a trace's nodes with ``sim_*`` columns (`replay_trace`, or as recorded).
-        measured_peak, simulated_peak: the iteration's peaks (bytes).
-        tolerance_bytes: how far measured and simulated may differ before they "part"; default
-            ``rtol`` of the measured peak.
-    """
-    tol = int(rtol * measured_peak) if tolerance_bytes is None else int(tolerance_bytes)
-    df = nodes.copy()
-    df["diff_after"] = df["after_bytes"] - df["sim_after_bytes"]
-    df["diff_peak"] = df["peak_bytes"] - df["sim_peak_bytes"]
-    unmatched = int(df["sim_after_bytes"].isna().sum())
-    first = None
-    for _, r in df.iterrows():
-        if pd.isna(r["sim_after_bytes"]):
-            continue
-        for quantity in ("after", "peak"):
-            d = r[f"diff_{quantity}"]
-            if abs(d) > tol:
-                first = {**r.to_dict(), "quantity": quantity, "difference": int(d)}
-                break
-        if first is not None:
-            break
-    at = str(df.loc[int(df["peak_bytes"].idxmax()), "name"]) if len(df) else ""
-    return Comparison(measured_peak=int(measured_peak), simulated_peak=int(simulated_peak), measured_peak_at=at,
-                      simulated_peak_at=simulated_peak_at, tolerance_bytes=tol, first_parting=first,
-                      unmatched=unmatched, nodes=df)
-
-
-def compare_trace(trace: Trace, *, replay: bool = True, tolerance_bytes: int | None = None) -> Comparison:
-    """`compare` a trace's measurement with its simulation: recomputed here (`replay_trace`, the
-    default) or as recorded (``replay=False``).
-
-    Raises:
-        TraceMismatchError: (replay) the model rebuilt here is another graph.
-    """
-    if replay:
-        sim, nodes = replay_trace(trace)
-        peak, at = sim.peak_bytes, sim.peak_at
-    else:
-        nodes, peak, at = trace.nodes, trace.meta["simulated"]["peak_bytes"], trace.meta["simulated"]["peak_at"]
-    return compare(nodes, trace.meta["measured"]["peak_bytes"], peak, simulated_peak_at=at,
-                   tolerance_bytes=tolerance_bytes)
-
-
 def is_trace_file(path: str | Path) -> bool:
     """Whether ``path`` is a gzip file holding a monet trace (reads its first bytes only)."""
     try:
@@ -903,44 +497,3 @@ def is_trace_file(path: str | Path) -> bool:
     except (OSError, EOFError, UnicodeDecodeError):
         return False
     return f'"format":"{FORMAT}"' in head.replace(" ", "")
-
-
-def _mib(b) -> str:
-    return "-" if b is None or pd.isna(b) else f"{b / 2**20:,.2f}"
-
-
-def format_report(c: Comparison, meta: dict | None = None, rows: int | None = None) -> str:
-    """A text report: a table of every row (or of the ``rows`` either side of the first parting node,
-    else of the measured peak), the first parting node and the peaks (MiB = 2^20 bytes)."""
-    lines = []
-    if meta:
-        m, d, s = meta["model"], meta["device"], meta.get("solution", {})
-        lines.append(f"trace of {m['name']} {m.get('kwargs') or ''} batch {m['batch_size']} {m['dtype']}, "
-                     f"schedule {s.get('label') or '-'}, on {d['name']} (torch {d['torch']}), workspace from "
-                     f"{meta['workspace']['source']}")
-    df = c.nodes
-    if rows is not None and len(df):
-        k = int(c.first_parting["row"]) if c.first_parting is not None else int(df.loc[df["peak_bytes"].idxmax(), "row"])
-        df = df[(df["row"] >= k - rows) & (df["row"] <= k + rows)]
-    header = f"{'row':>5} {'pass':8} {'stage':>5} {'node':28} {'op':36} {'role':9} " \
-             f"{'after MiB':>11} {'sim after':>11} {'peak MiB':>11} {'sim peak':>11}"
-    lines.append(header)
-    for _, r in df.iterrows():
-        mark = " <" if c.first_parting is not None and int(r["row"]) == int(c.first_parting["row"]) else ""
-        lines.append(f"{int(r['row']):>5} {r['pass']:8} {int(r['stage']):>5} {str(r['name'])[:28]:28} "
-                     f"{str(r['op'])[:36]:36} {r['role']:9} {_mib(r['after_bytes']):>11} {_mib(r['sim_after_bytes']):>11} "
-                     f"{_mib(r['peak_bytes']):>11} {_mib(r['sim_peak_bytes']):>11}{mark}")
-    if c.first_parting is None:
-        lines.append(f"measured and simulated agree at every node within {c.tolerance_bytes} bytes")
-    else:
-        f = c.first_parting
-        lines.append(f"first parting node: row {int(f['row'])} {f['name']} ({f['op']}, {f['pass']} {f['role']}): "
-                     f"measured {f['quantity']} - simulated = {f['difference']:+,} bytes "
-                     f"(tolerance {c.tolerance_bytes:,})")
-    if c.unmatched:
-        lines.append(f"{c.unmatched} rows have no simulated node (the modules traced here differ from the recorded)")
-    lines.append(f"peak: measured {c.measured_peak:,} bytes ({_mib(c.measured_peak)} MiB) at {c.measured_peak_at}, "
-                 f"simulated {c.simulated_peak:,} bytes ({_mib(c.simulated_peak)} MiB) at {c.simulated_peak_at}; "
-                 f"simulated / measured {c.peak_ratio:.4f} "
-                 f"({'within' if c.within else 'NOT within'} {PEAK_TOLERANCE:.0%})")
-    return "\n".join(lines)

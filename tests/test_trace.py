@@ -17,6 +17,8 @@ import torch
 
 from monet.capture import capture
 from monet.profiling import trace as tr
+from monet.profiling import trace_compare
+from monet.profiling.graph_json import graph_from_json
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.solver.solve import eager_peak, solve
 from ci import HANG_GUARD_S
@@ -142,7 +144,7 @@ def test_a_changed_graph_is_refused(recorded):
     node = next(n for n in joint["nodes"] if n[0] == "placeholder")
     node[5]["T"][0][0] += 1  # another batch size
     with pytest.raises(tr.TraceMismatchError):
-        tr.graph_from_json(joint, trace.meta["graph"]["fingerprint"])
+        graph_from_json(joint, trace.meta["graph"]["fingerprint"])
 
 
 def _without_workspace(trace: tr.Trace) -> tr.Trace:
@@ -165,18 +167,18 @@ def test_committed_trace_replays_to_its_measured_bytes(path):
     known not to count something there yet, named in it) is an expected failure, strict: once the
     model is fixed, remove the mark."""
     trace = tr.Trace.load(path)
-    bare = tr.compare_trace(_without_workspace(tr.Trace.load(path)))
+    bare = trace_compare.compare_trace(_without_workspace(tr.Trace.load(path)))
     assert bare.unmatched == 0
     exact = trace.meta["device"]["type"] == "cpu"
     after = bare.nodes["diff_after"].abs()
     assert (after == 0).all() if exact else (after <= bare.tolerance_bytes).all()
     assert (bare.nodes["diff_peak"] >= (0 if exact else -bare.tolerance_bytes)).all()
-    c = tr.compare_trace(trace)
+    c = trace_compare.compare_trace(trace)
     assert c.unmatched == 0
     gap = trace.meta.get("known_gap")
     if gap and not c.within:
-        pytest.xfail(f"{gap}: {tr.format_report(c, trace.meta, rows=0).splitlines()[-2:]}")
-    assert c.within, tr.format_report(c, trace.meta, rows=3)
+        pytest.xfail(f"{gap}: {trace_compare.format_report(c, trace.meta, rows=0).splitlines()[-2:]}")
+    assert c.within, trace_compare.format_report(c, trace.meta, rows=3)
     assert not gap, f"{path.name} is within 2 % now: remove its known_gap ({gap})"
 
 
@@ -191,8 +193,8 @@ def test_workspace_of_one_recording_predicts_another(recorded):
     model, x = UserNet(), torch.randn(4, 3, 16, 16)
     second = tr.record_trace(model, x, sol, model_name=USERNET, workspace=first, workspace_source="first recording")
     assert second.meta["workspace"]["source"] == "first recording"
-    c = tr.compare_trace(second)
-    assert c.unmatched == 0 and c.within, tr.format_report(c, second.meta, rows=3)
+    c = trace_compare.compare_trace(second)
+    assert c.unmatched == 0 and c.within, trace_compare.format_report(c, second.meta, rows=3)
     assert (c.nodes["diff_after"] == 0).all()
 
 
@@ -222,15 +224,15 @@ def test_first_parting_node_on_a_doctored_trace():
     one whose node peaks 1 MiB higher (a workspace) parts there, on the peak."""
     path = next(p for p in TRACES if tr.Trace.load(p).meta["device"]["type"] == "cpu")
     trace, k = _doctored(path, 3, 2**20, held=True)
-    c = tr.compare_trace(trace)
+    c = trace_compare.compare_trace(trace)
     assert c.first_parting is not None
     assert int(c.first_parting["row"]) == k and c.first_parting["quantity"] == "after"
     assert c.first_parting["difference"] == 2**20
-    assert f"first parting node: row {k} " in tr.format_report(c, trace.meta, rows=2)
+    assert f"first parting node: row {k} " in trace_compare.format_report(c, trace.meta, rows=2)
     trace, k = _doctored(path, 5, 2**20, held=False)
-    c = tr.compare_trace(trace)
+    c = trace_compare.compare_trace(trace)
     assert int(c.first_parting["row"]) == k and c.first_parting["quantity"] == "peak"
-    assert tr.compare_trace(tr.Trace.load(path)).first_parting is None  # the trace itself agrees
+    assert trace_compare.compare_trace(tr.Trace.load(path)).first_parting is None  # the trace itself agrees
 
 
 def test_cli_replays_a_trace():
@@ -266,7 +268,7 @@ def test_cli_records_a_trace(recorded, tmp_path):
     result = json.loads(out.getvalue().strip().splitlines()[-1])
     assert result["within"] and result["measured_peak_bytes"] == result["simulated_peak_bytes"]
     assert result["first_parting"] is None
-    assert tr.compare_trace(tr.Trace.load(tmp_path / "t.json.gz")).within
+    assert trace_compare.compare_trace(tr.Trace.load(tmp_path / "t.json.gz")).within
 
 
 def test_gpu_script_cpu_path(tmp_path):
@@ -282,7 +284,7 @@ def test_gpu_script_cpu_path(tmp_path):
                                    "inputs_spec": None}
     assert trace.meta["device"]["type"] == "cpu" and trace.meta["device"]["torch"] == torch.__version__
     assert trace.meta["schedule"]["stages"] and not any(s[1] for s in trace.meta["schedule"]["stages"])
-    assert tr.compare_trace(trace).within
+    assert trace_compare.compare_trace(trace).within
     versions = json.loads((tmp_path / "versions.json").read_text())
     assert versions["traces"][0]["name"] == "resnet50-tiny-8-keepall"
     assert "resnet50-tiny-8-keepall: measured" in proc.stdout

@@ -211,8 +211,9 @@ def run(args) -> int:
 
 
 def _trace_result(args, trace, comparison, path=None) -> int:
-    """Print a trace's comparison (`monet.profiling.trace.format_report`); the exit status."""
-    from monet.profiling.trace import PEAK_TOLERANCE, format_report
+    """Print a trace's comparison (`monet.profiling.trace_compare.format_report`); the exit status."""
+    from monet.profiling.trace import PEAK_TOLERANCE
+    from monet.profiling.trace_compare import format_report
 
     print(format_report(comparison, trace.meta, rows=args.rows))
     failed = not comparison.within
@@ -233,7 +234,8 @@ def _trace_result(args, trace, comparison, path=None) -> int:
 
 def _record(args, sol, model_name, model, x, g, amp, device) -> int:
     """``monet check FILE --trace``: record one iteration node by node and compare."""
-    from monet.profiling.trace import compare_trace, record_trace
+    from monet.profiling.trace import record_trace
+    from monet.profiling.trace_compare import compare_trace
 
     workspace, source = None, None
     if args.profile:
@@ -259,7 +261,8 @@ def _record(args, sol, model_name, model, x, g, amp, device) -> int:
 
 def _replay(args) -> int:
     """``monet check TRACE.json.gz``: simulate a recorded trace again here and compare."""
-    from monet.profiling.trace import Trace, TraceFormatError, TraceMismatchError, compare_trace
+    from monet.profiling.trace import Trace, TraceFormatError, TraceMismatchError
+    from monet.profiling.trace_compare import compare_trace
 
     try:
         trace = Trace.load(args.file)
