@@ -23,7 +23,8 @@ import numpy as np
 from monet.graph import OpGraph
 from monet.impls import DEFAULT, apply_impls, impls_for, variant
 from monet.profiling.costs import CostArrays
-from monet.solver.memory_model import Option, build_memory_model
+from monet.solver.memory_build import build_memory_model
+from monet.solver.memory_model import Option
 
 CostFn = Callable[[OpGraph, list[str], dict], CostArrays]
 

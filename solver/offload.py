@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from monet.graph import OpGraph
+from monet.solver.memory_build import last_readers
 
 # Bytes per second, one direction, for the predicted tables; assumptions, not measured here (no GPU in
 # the session that wrote them; `monet.profiling.bandwidth.measure_host_bandwidth` measures one).
@@ -186,14 +187,12 @@ def build_offload_model(graph: OpGraph, mem, fwd_time: np.ndarray, bwd_time: np.
     Raises:
         ValueError: a bandwidth that is not positive.
     """
-    from monet.solver.memory_model import _last_readers
-
     if not bandwidth or bandwidth <= 0:
         raise ValueError(f"offload bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
     N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
     fwd_time = np.asarray(fwd_time, dtype=float)
     bwd_time = np.asarray(bwd_time, dtype=float)
-    last_f, _ = _last_readers(graph)
+    last_f, _ = last_readers(graph)
     by_group: dict[int, list[str]] = {}
     for v, g in mem.group_of.items():
         by_group.setdefault(g, []).append(v)

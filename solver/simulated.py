@@ -20,7 +20,8 @@ from monet.schedule import schedule_from_matrices, without_dead_recomputations
 from monet.simulate import schedule_peak
 from monet.solver.choices import chosen_graph, chosen_impls
 from monet.solution import Solution, SolutionMeta
-from monet.solver.memory_model import MemoryModel, build_memory_model
+from monet.solver.memory_build import build_memory_model
+from monet.solver.memory_model import MemoryModel
 from monet.solver.offload import build_offload_model
 
 
