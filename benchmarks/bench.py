@@ -247,7 +247,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
         f"one iteration {one:.3f} s: {res.repeats} timed repeats per side")
 
     # MONeT, in each mode
-    from monet.profiling.profiler import hybrid_cost_fn
+    from monet.profiling.variant_costs import hybrid_cost_fn
 
     cost_fn = hybrid_cost_fn(model, x, graph, table)
     targets: list[tuple[str, str, int | None]] = []

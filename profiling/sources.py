@@ -21,7 +21,7 @@ carries its share of the executor's time between operators (`between_operators`,
 factor measured on Chen's schedule (`recompute_factor`), and the predicted overhead is taken against
 plain PyTorch's measured iteration (`plain_iteration`).  On the CPU the variants of full mode are
 calibrated on a whole measured iteration each (`variant_cost_fn`,
-`monet.profiling.profiler.calibrated_rows`).
+`monet.profiling.variant_costs.calibrated_rows`).
 
 `monet solve`, `monet demo` and `monet.optimize` all cost a graph through these functions.
 """
@@ -258,11 +258,11 @@ def solver_costs(cost: str, model, inputs, graph, device: str, gpu_spec: str | N
 def variant_cost_fn(cost: str, model, inputs, graph, table: pd.DataFrame, device: str,
                     gpu_spec: str | None = None, cache_dir=None):
     """Costs of the variant graphs of operator implementations (full mode), made the way ``cost``
-    made ``table`` (`monet.profiling.profiler.hybrid_cost_fn`): measured times where ``cost``
+    made ``table`` (`monet.profiling.variant_costs.hybrid_cost_fn`): measured times where ``cost``
     measures them (`measures_times`), plus the same time between operators as ``table``'s nodes
     (`between_operators`, ``cache_dir`` as for `cost_table`), else analytic times scaled by the
     measured ratio to PyTorch's kernel."""
-    from monet.profiling.profiler import hybrid_cost_fn
+    from monet.profiling.variant_costs import hybrid_cost_fn
     from monet.solver.choices import analytic_cost_fn
 
     spec = device_spec(gpu_spec, device)

@@ -39,7 +39,7 @@ def implementation_options(graph: OpGraph, costs: CostArrays, mode: str, device:
         device: "cpu" or "cuda" (which implementations exist).
         cost_fn: ``cost_fn(variant_graph, keys, governed) -> CostArrays`` for a variant graph
             (``keys``: the nodes the implementation applied to; ``governed``: key -> backward
-            node ids it rewrote), e.g. `monet.profiling.profiler.hybrid_cost_fn`.
+            node ids it rewrote), e.g. `monet.profiling.variant_costs.hybrid_cost_fn`.
         progress: optional ``progress(message)`` callback.
 
     Returns:

@@ -20,7 +20,7 @@ from torch import nn
 
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.profiling.profiler import hybrid_cost_fn
+from monet.profiling.variant_costs import hybrid_cost_fn
 from monet.profiling.sources import (COST_SOURCES, QUICK, between_operators, cost_table, measures_times,
                                      operator_scale, quick_dir, quick_profile, recompute_factor,
                                      variant_cost_fn)
@@ -97,12 +97,12 @@ def _variant_seconds(model, x, graph, table, spec, measure) -> float:
 def _hybrid_cost_fn_calls(setup, monkeypatch, argument: str, sources) -> list:
     """``argument`` of each `hybrid_cost_fn` call that `variant_cost_fn` makes for ``sources`` on
     the CPU (the patch is undone after)."""
-    from monet.profiling import profiler
+    from monet.profiling import variant_costs
 
     model, x, graph, cache = setup
     seen = []
-    real = profiler.hybrid_cost_fn
-    monkeypatch.setattr(profiler, "hybrid_cost_fn", lambda *a, **k: seen.append(k.get(argument)) or real(*a, **k))
+    real = variant_costs.hybrid_cost_fn
+    monkeypatch.setattr(variant_costs, "hybrid_cost_fn", lambda *a, **k: seen.append(k.get(argument)) or real(*a, **k))
     table = cost_table("hybrid", model, x, graph, "cpu", cache_dir=cache)
     for source in sources:
         variant_cost_fn(source, model, x, graph, table, "cpu", cache_dir=cache)
@@ -194,7 +194,7 @@ def _rows():
 def test_a_variant_measured_slower_than_its_nodes_predict_is_charged_the_excess():
     import pandas as pd
 
-    from monet.profiling.profiler import calibrated_rows
+    from monet.profiling.variant_costs import calibrated_rows
 
     base = pd.DataFrame(dict(time_s=[1.0, 1.5, 3.0]))  # the variant's nodes predict +0.5 s
     changed = {("fwd", 1), ("bwd", 0)}

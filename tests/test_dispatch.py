@@ -20,7 +20,7 @@ from monet.capture import capture
 from monet.profiling.costs import costs_for, make_table
 from monet.profiling.dispatch import (FACTOR_FLOOR, FACTOR_MAX, FACTOR_MIN, FIELDS, between_operators_s,
                                       iteration_record, measure_iterations, operator_scale, recompute_factor)
-from monet.profiling.profiler import hybrid_cost_fn
+from monet.profiling.variant_costs import hybrid_cost_fn
 from monet.profiling.sources import (between_operators, cost_table, iterations, plain_iteration, quick_dir,
                                      quick_profile, RECORD_SUFFIX, solver_costs)
 from monet.solver.choices import implementation_options, option_seconds

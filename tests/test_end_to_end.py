@@ -35,7 +35,8 @@ import torch
 from monet.capture import capture
 from monet.profiling.check import compare_gradients, measure_iteration_peak, output_grad
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.profiling.profiler import hybrid_cost_fn, profile_costs
+from monet.profiling.profiler import profile_costs
+from monet.profiling.variant_costs import hybrid_cost_fn
 from monet.solver.solve import eager_peak, min_budget, solve
 from monet.wrapper import MONeTWrapper
 from monet.zoo.models import get_model

@@ -255,7 +255,7 @@ def test_invalid_schedule_refused(case):
 def full_case(case):
     """The case's graph with every CPU implementation as an option: the base's workspace recorded, the
     variants' costs measured here (the tests below assert bounds, which hold whatever the numbers)."""
-    from monet.profiling.profiler import hybrid_cost_fn
+    from monet.profiling.variant_costs import hybrid_cost_fn
     from monet.solver.solve import full_model
 
     model, x, graph, costs, _ = case
