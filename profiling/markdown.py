@@ -1,5 +1,5 @@
 """Markdown for the generated parts of BENCHMARKS.md: GitHub tables and the sections they sit in
-(the zoo's section, `monet.zoo.build.write_markdown`, and the benchmarks' under ``benchmarks/``)."""
+(the zoo's section, `monet.zoo.report.write_markdown`, and the benchmarks' under ``benchmarks/``)."""
 from __future__ import annotations
 
 import os

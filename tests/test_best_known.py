@@ -8,6 +8,7 @@ import pytest
 
 from monet.solver import best_known as bk
 from monet.zoo import build as zb
+from monet.zoo import report as zr
 from monet.zoo.index import list_entries, save_index, vs_best_text
 
 GiB = 2**30
@@ -152,7 +153,7 @@ def test_markdown_and_list_show_vs_best_known_and_dash_for_old_records(tmp_path,
     new = _record(best_known_s=0.65, best_known_budget="50", vs_best=0.0042)
     old = _record("9GB", 9 * GiB)  # written before the fields existed
     assert "vs_best" not in old
-    table = zb.markdown_table([new, old])
+    table = zr.markdown_table([new, old])
     lines = table.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert "vs best known" in header and "gap" in header

@@ -21,6 +21,8 @@ import monet.zoo.index as zoo_index
 from monet.cli import main
 from monet.solution import SolutionFileError, load_solution
 from monet.zoo import build as zb
+from monet.zoo import report as zr
+from monet.zoo import verify as zv
 from monet.zoo.index import FIELDS, LATER_FIELDS, ZooEntryError, load_index
 
 SHIPPED = load_index()
@@ -66,7 +68,7 @@ def test_shipped_entry_loads_matches_and_fits(name):
         skip_in_ci("the entries of the four largest graphs (GoogLeNet, MobileNetV2, ResNet-50, GPT-2 small)", 85,
                    "CI verifies UNet's and VGG-16's entries, and the tiny zoo's build and verify")
     r = zoo_index.entry(name)
-    res = zb.verify(name, _graph(r["model"], r["batch_size"], tuple(r["input_shape"])))
+    res = zv.verify(name, _graph(r["model"], r["batch_size"], tuple(r["input_shape"])))
     assert res["fits"], f"{name}: simulated peak {res['peak_bytes']} > budget {res['budget_bytes']}"
     assert res["matches_prediction"], f"{name}: simulated {res['peak_bytes']} vs recorded {res['predicted_peak_bytes']}"
 
@@ -113,7 +115,7 @@ def test_build_writes_entries_and_a_min_entry(tiny_zoo):
     sol = load_solution(root / "schedules" / rec["file"])
     assert sol.meta.cost_source == "analytic p100" and sol.meta.model == "mobilenet_v2"
     for n in records:
-        res = zb.verify(n, _graph("mobilenet_v2", 8, TINY_SHAPE), root)
+        res = zv.verify(n, _graph("mobilenet_v2", 8, TINY_SHAPE), root)
         assert res["fits"] and res["matches_prediction"], res
 
 
@@ -182,16 +184,16 @@ def test_verify_command(use_tiny_zoo, capsys):
 
 def test_plot_and_markdown(use_tiny_zoo, tmp_path):
     records = load_index()
-    png = zb.plot_frontier(records, tmp_path / "docs" / "frontier.png")
+    png = zr.plot_frontier(records, tmp_path / "docs" / "frontier.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\n## Other\n\ntext\n")
     for _ in range(2):  # rewriting replaces the section
-        zb.write_markdown(records, md, png)
+        zr.write_markdown(records, md, png)
     text = md.read_text()
-    assert text.count(zb.SECTION) == 1 and "## Other" in text
+    assert text.count(zr.SECTION) == 1 and "## Other" in text
     assert "](docs/frontier.png)" in text and TINY.entry_name("70%") in text
-    assert "| entry | model (batch) |" in zb.markdown_table(records)
+    assert "| entry | model (batch) |" in zr.markdown_table(records)
 
 
 def test_profile_hook(tmp_path):
@@ -216,9 +218,9 @@ def test_profile_hook(tmp_path):
     vg, keys, governed = variant(graph, impl.name)
     vc = zc.cost_fn(vg, keys, governed)
     assert (vc.fwd_workspace == 1024).all() and vc.total_time > 0
-    ws_f, ws_b = zb.workspace_for(graph, {"name": "x", "cost_source": zc.source}, tmp_path)
+    ws_f, ws_b = zv.workspace_for(graph, {"name": "x", "cost_source": zc.source}, tmp_path)
     assert (ws_f == 1024).all() and (ws_b == 1024).all()
-    ws_f, _ = zb.workspace_for(graph, {"name": "x", "cost_source": "analytic p100"}, tmp_path)
+    ws_f, _ = zv.workspace_for(graph, {"name": "x", "cost_source": "analytic p100"}, tmp_path)
     assert not ws_f.any()
 
 

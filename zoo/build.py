@@ -34,7 +34,7 @@ from pathlib import Path
 
 from monet.solver import DEFAULT_GAP
 from monet.solver.best_known import BEST_KNOWN, SAME, best_fitting, budget_key, load_best_known, record_best_known
-from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, entry, get, load_index, path_of, save_index, vs_best_text)
+from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, load_index, save_index)
 
 MODE = "inplace_conv_multiway_newnode"
 CNN_BUDGETS = ("10GB", "9GB", "8GB", "7GB", "6GB", "5GB")  # MONeT's budgets (GB = 2^30 bytes)
@@ -234,7 +234,8 @@ class _Ctx:
     best: dict = field(default_factory=dict)  # `load_best_known`'s table the entries are held against
 
 
-def _pct(f) -> str:
+def pct(f) -> str:
+    """A fraction as a signed percentage with two decimals ("+1.25 %"); "-" for None."""
     return "-" if f is None else f"{100 * f + 0.0:+.2f} %".replace("-0.00", "+0.00")
 
 
@@ -338,8 +339,8 @@ def _save_entry(sol, cfg: ZooConfig, label: str, ctx: _Ctx, wall: float, eager: 
     rec.update(_held(rec, cfg, ctx, eager))
     gap = "-" if sol.meta.gap is None else f"{100 * sol.meta.gap:.2f} %"
     _log(f"{name}: {sol.meta.status} ({sol.meta.solver}), budget {sol.meta.budget_bytes / GiB:.3f} GiB, predicted "
-         f"peak {sol.meta.predicted_peak_bytes / GiB:.3f} GiB, overhead {_pct(rec['predicted_overhead'])}, gap {gap}, "
-         f"vs best known {_pct(rec['vs_best'])}, {rec['recomputations']} recomputations, "
+         f"peak {sol.meta.predicted_peak_bytes / GiB:.3f} GiB, overhead {pct(rec['predicted_overhead'])}, gap {gap}, "
+         f"vs best known {pct(rec['vs_best'])}, {rec['recomputations']} recomputations, "
          f"{rec['file_bytes'] / 1024:.0f} KiB, {wall:.0f} s")
     return rec
 
@@ -577,166 +578,5 @@ def build(configs=None, *, root: Path | str | None = None, models=None, budgets=
     return sorted(index.values(), key=lambda r: r["name"]), failures
 
 
-# ----------------------------------------------------------------------------------------------
-# checking
-# ----------------------------------------------------------------------------------------------
-
-
-def workspace_for(graph, record: dict, profiles_dir: Path | str | None = None):
-    """(forward, backward) workspace arrays the entry was solved with: a profile's (by node id:
-    implementations keep node ids) for a 'profile ...' cost source, else zeros (analytic)."""
-    import numpy as np
-
-    if str(record.get("cost_source", "")).startswith("profile"):
-        zc = zoo_costs(graph, profiles_dir=profiles_dir)
-        if zc.profile is None:
-            raise FileNotFoundError(f"zoo entry {record['name']} was solved with costs from a profile "
-                                    f"({record['cost_source']}), but zoo/profiles has none for its graph")
-        return zc.costs.fwd_workspace, zc.costs.bwd_workspace
-    return np.zeros(len(graph.fwd), dtype=np.int64), np.zeros(len(graph.bwd), dtype=np.int64)
-
-
-def verify(name: str, graph=None, root: Path | str | None = None) -> dict:
-    """Check zoo entry ``name``: it loads (restricted unpickler), it was made for the graph of its
-    zoo model at its batch and input shape (fingerprint), and the simulator's peak of its schedule is
-    within its budget and equals its recorded prediction.
-
-    Args:
-        graph: the captured graph of the entry's configuration (`capture_config`); captured here
-            when None (pass it to check several entries of one configuration with one capture).
-
-    Returns:
-        dict(name, peak_bytes (simulated), budget_bytes, predicted_peak_bytes, fits, matches_prediction).
-
-    Raises:
-        ZooEntryError, SolutionFileError: unknown entry, missing or unreadable file.
-        SolutionMismatchError: the file was made for another graph than its zoo model's.
-    """
-    from monet.executor import build_modules
-    from monet.impls import apply_impls
-    from monet.simulate import simulate
-    from monet.solution import SolutionFileError, check_compatible
-
-    rec = entry(name, root)
-    sol = get(name, root)
-    m = sol.meta
-    if (m.model, m.batch_size, list(m.input_shape), m.budget_bytes) != (
-            rec["model"], rec["batch_size"], list(rec["input_shape"]), rec["budget_bytes"]):
-        raise SolutionFileError(f"zoo entry {name}: the file {path_of(name, root)} does not match its index "
-                                f"record (model, batch, input shape or budget): rebuild it")
-    if graph is None:
-        graph = capture_config(rec["model"], rec["batch_size"], rec["input_shape"])
-    check_compatible(m, graph.fingerprint, graph.summary, model=rec["model"], batch_size=rec["batch_size"],
-                     input_shape=tuple(rec["input_shape"]), dtype=rec.get("dtype", m.dtype),
-                     nodes=(len(graph.fwd), len(graph.bwd)))
-    g = apply_impls(graph, sol.schedule.impl)
-    fw, bw = build_modules(g, sol.schedule)
-    ws_f, ws_b = workspace_for(graph, rec, Path(root) / PROFILES if root is not None else None)
-    peak = simulate(g, fw, bw, ws_f, ws_b).peak_bytes
-    return dict(name=name, peak_bytes=peak, budget_bytes=m.budget_bytes, predicted_peak_bytes=m.predicted_peak_bytes,
-                fits=peak <= m.budget_bytes, matches_prediction=peak == m.predicted_peak_bytes)
-
-
-# ----------------------------------------------------------------------------------------------
-# plot and markdown
-# ----------------------------------------------------------------------------------------------
-
-
-def _model_label(r: dict) -> str:
-    return f"{r['model']} ({r['batch_size']})"
-
-
-def plot_frontier(records: list[dict], out: Path | str) -> Path:
-    """PNG: predicted peak (GiB) against predicted overhead (%), one line per model and batch,
-    ending at plain PyTorch's simulated peak (overhead 0).  matplotlib with the Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out)
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        groups.setdefault(_model_label(r), []).append(r)
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    for label, rows in groups.items():
-        rows = sorted(rows, key=lambda r: r["predicted_peak_bytes"])
-        xs = [r["predicted_peak_bytes"] / GiB for r in rows] + [rows[0]["eager_peak_bytes"] / GiB]
-        ys = [round(100 * (r["predicted_overhead"] or 0.0), 4) for r in rows] + [0.0]
-        line, = ax.plot(xs[:-1], ys[:-1], marker="o", label=label)
-        ax.plot(xs[-2:], ys[-2:], linestyle=":", color=line.get_color())
-        ax.plot(xs[-1:], ys[-1:], marker="x", color=line.get_color(), linestyle="none")
-    sources = sorted({r["cost_source"] for r in records})
-    ax.set_xlabel("predicted peak memory (GiB, 1 GiB = 2^30 bytes)")
-    ax.set_ylabel("predicted overhead over plain PyTorch (%)")
-    ax.set_title(f"monet zoo: predicted frontier ({', '.join(sources) or 'no entries'}); x = plain PyTorch",
-                 fontsize=10)
-    lo, hi = ax.get_ylim()
-    if hi - lo < 2.0:  # overheads all about 0: show a readable range, not float noise
-        mid = (hi + lo) / 2
-        ax.set_ylim(mid - 1.0, mid + 1.0)
-    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-    ax.grid(True, alpha=0.3)
-    if groups:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
-
-
-def markdown_table(records: list[dict]) -> str:
-    """The zoo as a GitHub markdown table (`monet.profiling.markdown.md_table`): per entry its
-    budget, predicted and plain peaks (GiB), predicted overhead, status, the solver's gap to its own
-    bound, the gap to the best schedule known (`monet.zoo.index.vs_best_text`: "-" for records
-    without one), solve time (s) and costs."""
-    from monet.profiling.markdown import md_table
-
-    header = ["entry", "model (batch)", "budget", "predicted peak GiB", "plain peak GiB", "predicted overhead",
-              "status", "gap", "vs best known", "solve s", "costs"]
-    rows = []
-    for r in records:
-        budget = r["budget"] if r["budget"] != "min" else (
-            f"min {r['budget_bytes'] / GiB:.2f} GiB (for {', '.join(r.get('substitute_for') or [])})")
-        rows.append([r["name"], _model_label(r), budget, f"{r['predicted_peak_bytes'] / GiB:.2f}",
-                     f"{r['eager_peak_bytes'] / GiB:.2f}", _pct(r.get("predicted_overhead")), r["status"],
-                     "-" if r.get("gap") is None else f"{100 * r['gap']:.2f} %", vs_best_text(r),
-                     f"{r.get('solve_time_s', 0):.0f}", r["cost_source"]])
-    return md_table(header, rows, "lllrrrlllrl")
-
-
-SECTION = "## Schedule zoo"
-
-
-def markdown_section(records: list[dict], image: str | None) -> str:
-    """The BENCHMARKS.md section: how to regenerate, the frontier plot, the table."""
-    n = len(records)
-    text = [SECTION, "",
-            f"{n} prebuilt schedules (`monet zoo list`), predicted by the simulator with the costs each entry "
-            "names: predicted, not measured. Regenerate the zoo, then this section and its plot:", "",
-            "```", "monet zoo build", "monet zoo plot -o docs/zoo_frontier.png --markdown BENCHMARKS.md", "```", ""]
-    if image:
-        text += [f"![predicted peak vs overhead per model]({image})", ""]
-    text += [markdown_table(records) if records else "(the zoo is empty)", ""]
-    return "\n".join(text)
-
-
-def write_markdown(records: list[dict], markdown: Path | str, image: Path | str | None) -> Path:
-    """(Re)write the zoo section of ``markdown`` (e.g. BENCHMARKS.md); the image link is relative
-    to the markdown file's folder."""
-    import os
-
-    from monet.profiling.markdown import write_section
-
-    markdown = Path(markdown)
-    rel = None
-    if image is not None:
-        rel = Path(os.path.relpath(Path(image).resolve(), markdown.resolve().parent)).as_posix()
-    write_section(markdown, markdown_section(records, rel), SECTION)
-    return markdown
-
-
 __all__ = ["CONFIGS", "ZooConfig", "MODE", "CNN_BUDGETS", "GPT_BUDGETS", "BATCH", "capture_config", "zoo_costs",
-           "find_profile", "build", "build_config", "verify", "workspace_for", "plot_frontier", "markdown_table",
-           "markdown_section", "write_markdown"]
+           "find_profile", "build", "build_config"]

@@ -152,6 +152,7 @@ def _zoo_build(args) -> int:
 
 def _zoo_verify(args) -> int:
     from monet.zoo import build as zb
+    from monet.zoo import verify as zv
     from monet.zoo.index import entry, load_index
 
     records = load_index(args.root)
@@ -164,7 +165,7 @@ def _zoo_verify(args) -> int:
         if key not in graphs:
             with timed_step(f"capturing {r['model']} batch {r['batch_size']} (meta device)"):
                 graphs[key] = zb.capture_config(*key)
-        res = zb.verify(r["name"], graphs[key], args.root)
+        res = zv.verify(r["name"], graphs[key], args.root)
         results.append(res)
         ok = res["fits"] and res["matches_prediction"]
         if not ok:
@@ -179,17 +180,17 @@ def _zoo_verify(args) -> int:
 
 
 def _zoo_plot(args) -> int:
-    from monet.zoo import build as zb
+    from monet.zoo import report as zr
     from monet.zoo.index import load_index
 
     records = load_index(args.root)
     if not records:
         raise CLIError("the zoo is empty: build it with 'monet zoo build' first")
-    out = zb.plot_frontier(records, args.output)
+    out = zr.plot_frontier(records, args.output)
     log(f"wrote {out}")
     if args.markdown:
-        zb.write_markdown(records, args.markdown, out)
+        zr.write_markdown(records, args.markdown, out)
         log(f"wrote the zoo section of {args.markdown}")
     else:
-        print(zb.markdown_table(records))
+        print(zr.markdown_table(records))
     return 0
