@@ -313,12 +313,15 @@ def logits_bytes(gm: fx.GraphModule) -> int:
     return total
 
 
-def chunked_loss_hint(gm: fx.GraphModule) -> str:
+def chunked_loss_hint(gm: fx.GraphModule, shortfall: int = 0) -> str:
     """The sentence `monet.plan.Plan.solve`'s infeasible budget adds for a model whose loss
-    `fuse_lm_loss` can chunk (``gm``: its Dynamo-exported graph, captured without ``lm_loss``); ""
-    for any other model.  (The command line has no ``lm_loss`` option and does not add it.)"""
+    `fuse_lm_loss` can chunk (``gm``: its Dynamo-exported graph, captured without ``lm_loss``), when
+    the logits and their gradient (twice `logits_bytes`) are at least ``shortfall`` bytes (the
+    smallest feasible budget less the budget asked), so that chunking them could close the gap; ""
+    otherwise (a classifier's few logits) and for any other model.  (The command line has no
+    ``lm_loss`` option and does not add it.)"""
     size = logits_bytes(gm)
-    if not size:
+    if not size or 2 * size < shortfall:
         return ""
     return (f"; the model computes its loss from {fmt_size(size)} of logits, kept for the backward pass with as "
             'much again for their gradient: lm_loss="chunked" computes the head and the loss in chunks of tokens '

@@ -370,8 +370,9 @@ class Plan:
                 if if_infeasible != "smallest" or e.min_budget_bytes is None:
                     # a language model's loss the chunked loss can replace: say so (a graph
                     # captured with lm_loss= holds no such loss any more)
+                    shortfall = (e.min_budget_bytes or 0) - e.budget_bytes
                     if self.graph.exported is not None:
-                        e.args = (str(e) + chunked_loss_hint(self.graph.exported[1]),)
+                        e.args = (str(e) + chunked_loss_hint(self.graph.exported[1], shortfall),)
                     raise
                 self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
                 sol = solve(self.graph, self.costs, None, mode, deadline=solving, knee_min=False,

@@ -18,7 +18,7 @@ tests/test_budget_guarantee.py checks it on the machine that runs the tests):
 =========================  ==============================================================  =====
 family                     bound                                                           why
 =========================  ==============================================================  =====
-convolution (forward)      ``3 * (in + out) + T * 16 KiB``                                 [a]
+convolution (forward)      ``3 * (in + out) + T * 16 KiB``; float64: ``columns + out / 2``  [a][g]
 convolution backward       ``3 * (in + out) + T * 16 KiB``; grouped: ``+ max(260, 6 T) w``  [b]
 normalisation (fwd, bwd)   ``1.5 * out``                                                   [c]
 monet's chunked LM loss    fwd ``c V (s + 8)``; bwd ``c V (2 s + 16) + 8 H V`` (``c`` rows     [f]
@@ -46,6 +46,11 @@ anything else              ``out / 2 + 256``                                    
 [e] Elementwise ops, reductions, softmax, pooling, matmuls measured at most 12 bytes or 0.27x
     their output (``_safe_softmax``); MKL's matmul packing buffers come from MKL's own allocator,
     which neither this bound nor the allocator-level peak (`monet.profiling.memory`) sees.
+
+[g] In a dtype oneDNN does not take (float64), ATen convolves by im2col: the forward allocates a
+    column buffer of batch x input channels x kernel elements x output positions elements (a 3x3
+    convolution: 9x its input; measured: exactly that), which the bound counts instead of
+    oneDNN's reorders.
 
 [f] `monet.lm_loss`: per chunk the head's logits, their float32 copy and log-softmax (forward);
     the logits, log-softmax and their gradients, and in one chunk the weight's gradient as a (H, V)
@@ -121,6 +126,26 @@ def _flash_splits(q_len: int, kv_len: int) -> tuple[int, int]:
     return min(q_split, q_len), min(512, kv_len)
 
 
+#: the dtypes oneDNN convolves on the CPU; any other (float64) takes ATen's im2col convolution
+_ONEDNN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _columns(family: str, args: list, weight) -> int:
+    """Bytes of the column buffer of ATen's im2col convolution (``slow_conv2d``, [g]), which a CPU
+    forward convolution in a dtype oneDNN does not take allocates: batch x (input channels x
+    kernel elements) x output positions; 0 for the dtypes oneDNN takes and for the backward (its
+    measured workspace is under the bound without it)."""
+    x = args[0]
+    if family != "convolution" or not isinstance(x, torch.Tensor) or x.dtype in _ONEDNN_DTYPES:
+        return 0
+    groups = int(args[8])
+    kernel = int(torch.Size(weight.shape[2:]).numel())
+    spatial = [(int(n) + 2 * int(p) - int(d) * (int(k) - 1) - 1) // int(st) + 1
+               for n, k, st, p, d in zip(x.shape[2:], weight.shape[2:], args[3], args[4], args[5])]
+    return int(x.shape[0]) * int(weight.shape[1]) * groups * kernel * int(torch.Size(spatial).numel()) \
+        * x.element_size()
+
+
 def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None = None) -> int:
     """An upper bound, in bytes, on the workspace of the op ``fx_node`` (a node of a traced joint
     graph, with fake tensors in ``meta['val']``) on ``device`` (``"cpu"`` or ``"cuda"``) with
@@ -149,6 +174,9 @@ def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None =
         groups = int(args[8] if family == "convolution" else args[9])
         grouped = max(_GROUPED_FLOOR, _GROUPED_PER_THREAD * threads) * w \
             if family == "convolution_backward" and groups > 1 else 0
+        columns = _columns(family, args, weight)
+        if columns:  # ATen's im2col convolution: no oneDNN reorders or scratchpad ([g])
+            return columns + out // 2 + 256
         return 3 * (ins + out) + per_thread * _THREAD_SCRATCH + grouped
     if family == "normalisation":
         return (3 * out) // 2

@@ -166,13 +166,17 @@ def _saved(wrapper, tmp_path):
 
 
 def test_an_infeasible_budget_names_the_chunked_loss(gpt2):
-    """A language model's infeasible budget says that ``lm_loss="chunked"`` lowers the smallest
-    feasible budget, and how many bytes of logits it saves.  (A graph whose loss is chunked
-    already, or that has no head, gets no such sentence: `chunked_loss_hint` is "" for those,
-    tested above.)"""
+    """A language model's infeasible budget, short of the smallest feasible one by less than its
+    logits and their gradient, says that ``lm_loss="chunked"`` lowers the smallest feasible
+    budget, and how many bytes of logits it saves; one short by more, which chunking could not
+    close, does not.  (A graph whose loss is chunked already, or that has no head, gets no such
+    sentence: `chunked_loss_hint` is "" for those, tested above.)"""
     import monet
 
     model, batch = gpt2
     plan = monet.prepare(copy.deepcopy(model), batch, cost="analytic", progress=False)
-    with pytest.raises(monet.InfeasibleBudgetError, match='2.00 MiB of logits.*lm_loss="chunked"'):
+    with pytest.raises(monet.InfeasibleBudgetError) as far:
         plan.solve(budget=4096, time_limit=2)
+    assert "lm_loss" not in str(far.value)
+    with pytest.raises(monet.InfeasibleBudgetError, match='2.00 MiB of logits.*lm_loss="chunked"'):
+        plan.solve(budget=far.value.min_budget_bytes - 2**20, time_limit=2)
