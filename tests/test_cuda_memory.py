@@ -175,9 +175,9 @@ def test_ilp_memory_bounds_the_simulator_on_a_cuda_graph(request, case, n, gener
     the CPU generator and 1,488 over (3 x 496) with a CUDA generator's 16 bytes."""
     if generator == "cuda":  # the random nodes draw on the GPU, as in a graph traced there
         import monet.executor
-        import monet.solver.memory_model
+        import monet.solver.memory_build
 
-        for module in (monet.executor, monet.solver.memory_model):
+        for module in (monet.executor, monet.solver.memory_build):
             monkeypatch.setattr(module, "random_op_device", lambda node: "cuda:0")
     if IN_CI:  # a third of the random schedules (50 s of CPU less on 2 cores); all without CI=true
         n //= 3
