@@ -4,4 +4,5 @@ Importing this package registers every implementation (`monet.impls.registry.IMP
 """
 from monet.impls import activation, attention, batchnorm, conv, dropout, pooling  # noqa: F401  (registration)
 from monet.impls.registry import (DEFAULT, IMPLS, MODE_TOKENS, MODES, Impl, apply_impls, impls_for,  # noqa: F401
-                                  lower_for_device, mode_tokens, variant)
+                                  mode_tokens, variant)
+from monet.impls.lowering import lower_for_device  # noqa: F401

@@ -6,13 +6,14 @@ need not be kept: x_hat = (y - bias) / weight (an implementation the solver may 
 
 On CUDA, eager PyTorch runs BatchNorm with cuDNN where AOTAutograd's graph runs ATen's native
 kernel; `use_cudnn_batch_norm` lowers a CUDA graph to cuDNN's kernels, so that a schedule computes
-what eager PyTorch computes (`monet.impls.registry.lower_for_device`).
+what eager PyTorch computes (`monet.impls.lowering.lower_for_device`).
 """
 import operator
 
 import torch
 
 from monet import compat
+from monet.impls.registry import Impl, getitem_users, register, swap
 from monet.terms import arg
 
 def _zero_gamma_hint() -> str:
@@ -87,7 +88,6 @@ def batch_norm_backward_from_output(grad, y, weight, bias, save_invstd, eps, out
 # ----------------------------------------------------------------------------------------------
 # implementation (graph rewrite), see monet.impls.registry
 # ----------------------------------------------------------------------------------------------
-from monet.impls.registry import Impl, getitem_users, register, swap  # noqa: E402
 
 _aten = torch.ops.aten
 
@@ -187,7 +187,7 @@ def use_cudnn_batch_norm(graph) -> int:
     rounding differs (on an H100, ResNet-50's gradients came out 2 % off eager's under full fp32, and
     bitwise equal with cuDNN off for both) and whose kernels are slower (43 % of ResNet-50's profiled
     step at batch 184).  One node stays one node: node ids, the fingerprint and schedules solved for
-    the graph do not change (`monet.impls.registry.lower_for_device`).
+    the graph do not change (`monet.impls.lowering.lower_for_device`).
     """
     count = 0
     for node in list(graph.nodes):

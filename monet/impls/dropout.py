@@ -7,6 +7,7 @@ import torch
 from torch import fx
 
 from monet import compat
+from monet.impls.registry import Impl, getitem_users, register, replace_stashing, swap
 
 from .bits import pack_bits, unpack_bits
 
@@ -154,9 +155,7 @@ def lower_dropout(graph: fx.Graph) -> int:
     `dropout_backward_cpu`, where the result is laid out as the traced node's (the forward's input's,
     the backward's mask's strides).  One node stays one node, with its name, arguments, users and
     traced value (the same shapes, dtypes and strides: not traced again), as
-    `monet.impls.registry.lower_for_device` needs.  Returns how many it rewrote."""
-    from monet.impls.registry import swap
-
+    `monet.impls.lowering.lower_for_device` needs.  Returns how many it rewrote."""
     count = 0
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -175,7 +174,6 @@ def lower_dropout(graph: fx.Graph) -> int:
 # ----------------------------------------------------------------------------------------------
 # implementation (graph rewrite), see monet.impls.registry
 # ----------------------------------------------------------------------------------------------
-from monet.impls.registry import Impl, getitem_users, register, replace_stashing  # noqa: E402
 
 
 def _bitmask(graph, anchor) -> bool:

@@ -200,7 +200,7 @@ def swap(graph: fx.Graph, old: fx.Node, fn, args=None, kwargs=None, val=None) ->
 # ----------------------------------------------------------------------------------------------
 
 
-def _copy(joint: fx.GraphModule) -> fx.GraphModule:
+def copy_joint(joint: fx.GraphModule) -> fx.GraphModule:
     """A copy of the joint graph to rewrite: read, never run, so its code is not generated
     (`monet.compat.lazy_graph_module`)."""
     g = fx.Graph()
@@ -217,7 +217,7 @@ def _anchor(graph: OpGraph, key: str) -> str:
     return nodes[int(idx)].name
 
 
-def _rebuild(graph: OpGraph, joint: fx.GraphModule, impls: dict[str, str]) -> OpGraph:
+def rebuild(graph: OpGraph, joint: fx.GraphModule, impls: dict[str, str]) -> OpGraph:
     joint.graph.lint()
     joint.recompile()
     out = build_opgraph(joint, graph.num_fwd_outputs, graph.primal_kinds)
@@ -245,7 +245,7 @@ def apply_impls(graph: OpGraph, impls: dict[str, str]) -> OpGraph:
     """
     if not impls:
         return graph
-    joint = _copy(graph.joint)
+    joint = copy_joint(graph.joint)
     by_name = {n.name: n for n in joint.graph.nodes}
     for key, name in sorted(impls.items()):
         if name == DEFAULT:
@@ -257,37 +257,7 @@ def apply_impls(graph: OpGraph, impls: dict[str, str]) -> OpGraph:
         if anchor is None or not key.startswith(impl.kind) or op_name(anchor) not in impl.ops \
                 or not impl.rewrite(joint.graph, anchor):
             raise ValueError(f"implementation {name!r} does not apply to {key} ({anchor and op_name(anchor)})")
-    return _rebuild(graph, joint, {k: v for k, v in impls.items() if v != DEFAULT})
-
-
-def lower_for_device(graph: OpGraph) -> OpGraph:
-    """``graph`` with the kernels eager PyTorch runs on its device, or faster ones that compute the
-    same bits, where AOTAutograd's decomposition runs others: on CUDA with cuDNN enabled, cuDNN's
-    BatchNorm (`monet.impls.batchnorm.use_cudnn_batch_norm`); on the CPU, dropout's forward and
-    backward (fp32, bf16, fp16) without the mixed-dtype product (`monet.impls.dropout.lower_dropout`).
-
-    What runs changes, not what is stored: node ids, the fingerprint, the summary and the memory each
-    node holds stay (cuDNN's BatchNorm keeps the mean and inverse standard deviation the native kernel
-    keeps, and a reserve space of 0 bytes for spatial BatchNorm; dropout's forward allocates its
-    output and mask, its backward its result, and neither a temporary of the input's dtype), so a schedule solved for ``graph``, its simulation and its cost table (keyed by
-    node id, named by ``graph``'s ops) hold for the result.  The executor (`monet.wrapper`) and the
-    profiler (`monet.profiling.profiler`) run it.  ``graph`` itself is not modified; it is returned
-    unchanged where nothing applies (on CUDA with cuDNN switched off, ``torch.backends.cudnn.enabled``).
-    """
-    from monet.impls.batchnorm import use_cudnn_batch_norm
-    from monet.impls.dropout import lower_dropout
-
-    if graph.joint is None or graph.device not in ("cpu", "cuda"):
-        return graph
-    if graph.device == "cpu":
-        joint = _copy(graph.joint)
-        return _rebuild(graph, joint, graph.impls) if lower_dropout(joint.graph) else graph
-    if not torch.backends.cudnn.enabled or (torch.cuda.is_available() and not torch.backends.cudnn.is_available()):
-        return graph
-    joint = _copy(graph.joint)
-    if not use_cudnn_batch_norm(joint.graph):
-        return graph
-    return _rebuild(graph, joint, graph.impls)
+    return rebuild(graph, joint, {k: v for k, v in impls.items() if v != DEFAULT})
 
 
 def variant(graph: OpGraph, name: str) -> tuple[OpGraph, list[str], dict[str, tuple[int, ...]]]:
@@ -300,7 +270,7 @@ def variant(graph: OpGraph, name: str) -> tuple[OpGraph, list[str], dict[str, tu
     other nodes use.
     """
     impl = IMPLS[name]
-    joint = _copy(graph.joint)
+    joint = copy_joint(graph.joint)
     by_name = {n.name: n for n in joint.graph.nodes}
     nodes = graph.fwd if impl.kind == "fwd" else graph.bwd
     keys, created = [], {}
@@ -313,7 +283,7 @@ def variant(graph: OpGraph, name: str) -> tuple[OpGraph, list[str], dict[str, tu
             created[key] = {n.name for n in joint.graph.nodes} - before
     if not keys:
         return graph, [], {}
-    out = _rebuild(graph, joint, {k: name for k in keys})
+    out = rebuild(graph, joint, {k: name for k in keys})
     bwd_ids = {n.name: n.id for n in out.bwd}
     governed = {k: tuple(sorted(bwd_ids[n] for n in names if n in bwd_ids)) for k, names in created.items()}
     return out, keys, governed
