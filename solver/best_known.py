@@ -19,6 +19,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from monet.solver.budget import parse_budget
+
 GiB = 2**30
 BEST_KNOWN = Path(__file__).resolve().parents[1] / "benchmarks" / "best_known.csv"
 BEST_COLUMNS = ["model", "batch", "budget", "best", "unit", "found_by", "commit", "date"]
@@ -58,7 +60,6 @@ def key_budget_bytes(key: str, eager_bytes: int) -> int | None:
         pct = float(key)
     except ValueError:
         return None
-    from monet.solver.solve import parse_budget  # one definition of a percent budget
 
     return parse_budget(f"{pct:g}%", eager_bytes)
 

@@ -20,15 +20,14 @@ that hold them.
 from __future__ import annotations
 
 import dataclasses
-import re
 
-import numpy as np
 
 from monet.graph import OpGraph
 from monet.impls import MODES, mode_tokens
 from monet.profiling.costs import CostArrays
 from monet.schedule import schedule_from_matrices
 from monet.solution import Solution
+from monet.solver.budget import parse_budget  # noqa: F401 (monet.solver.solve's name)
 from monet.solver.checkpoint_all import solve_checkpoint_all
 from monet.solver.chen import solve_chen
 from monet.solver.choices import (analytic_cost_fn, chosen_graph, fixed_time, full_model, lean_impls,  # noqa: F401
@@ -49,39 +48,6 @@ from monet.solver.smallest import (KNEE_PRICE, _smallest, frontier, knee, min_bu
 # raising `InfeasibleBudgetError` when nothing it finds fits.
 PEERS = {"checkpoint_all": solve_checkpoint_all, "chen": solve_chen, "greedy": solve_greedy,
          "rounding": solve_rounding, "ilp": solve_normal}
-
-_UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "KIB": 2 ** 10, "MB": 2 ** 20, "MIB": 2 ** 20,
-          "GB": 2 ** 30, "GIB": 2 ** 30, "TB": 2 ** 40, "TIB": 2 ** 40}
-
-
-def parse_budget(text: str | int, eager_peak_bytes: int | None = None) -> int:
-    """A budget in bytes from "6GB", "6GiB", "6000MiB", "123456" or "50%".
-
-    "GB" means 2^30 bytes, as in MONeT's tables.  "50%" is half of ``eager_peak_bytes`` (the
-    simulated plain-PyTorch peak).
-
-    Raises:
-        ValueError: unparsable text, a non-positive budget, or a percentage without a peak.
-    """
-    if isinstance(text, (int, np.integer)):
-        value = int(text)
-    else:
-        s = str(text).strip().upper().replace(" ", "")
-        m = re.fullmatch(r"([0-9]*\.?[0-9]+)%", s)
-        if m:
-            if eager_peak_bytes is None:
-                raise ValueError(f"budget {text!r} is relative: the plain-PyTorch peak is needed")
-            value = int(float(m.group(1)) / 100.0 * eager_peak_bytes)
-        else:
-            m = re.fullmatch(r"([0-9]*\.?[0-9]+)([A-Z]*)", s)
-            if not m or m.group(2) not in _UNITS:
-                raise ValueError(f"cannot read budget {text!r}: use bytes, 6GB (= 6 x 2^30 bytes), "
-                                 "6GiB, 6000MiB or a percentage like 50%")
-            value = int(float(m.group(1)) * _UNITS[m.group(2)])
-    if value <= 0:
-        raise ValueError(f"budget must be positive, got {text!r}")
-    return value
-
 
 def same_kernels_solution(graph: OpGraph, costs: CostArrays, sol: Solution, device: str = "cpu",
                           cost_fn=None) -> Solution:
