@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from monet.inputs import ExampleInputs
 from monet.solution import SolutionMismatchError, load_solution, save_solution
+from monet.solver.budget import parse_budget
 from monet.wrapper import MONeTWrapper, model_attribute
 
 #: the dimension of a (batch, sequence, ...) input that holds the sequence
@@ -150,18 +151,18 @@ class BucketedWrapper(nn.Module):
         return f"buckets {self.buckets} (sequence dimension {self.dim})"
 
 
-def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *, dim: int = SEQ_DIM, **kw):
+def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *, optimize, prepare,
+                     dim: int = SEQ_DIM, **kw):
     """`monet.optimize` for every bucket length: the example inputs cut or padded to each length
     (`resized`), one budget in bytes for all (a percentage is of the longest bucket's plain peak,
-    which `monet.plan.prepare` measures first), each bucket solved in ``time_limit`` of its own.
+    which ``prepare`` measures first), each bucket solved in ``time_limit`` of its own.  ``optimize``
+    and ``prepare`` are `monet.plan`'s (passed in by `monet.optimize`, which calls this).
     Returns a `BucketedWrapper`.
 
     Raises:
         ValueError: no buckets, or one that is not a positive int; as `monet.optimize`.
         monet.solver.ilp.InfeasibleBudgetError: the budget does not fit the longest bucket.
     """
-    from monet.plan import optimize, prepare
-
     lengths = sorted({int(b) for b in buckets})
     if not lengths or lengths[0] < 1:
         raise ValueError(f"buckets must be positive sequence lengths, got {buckets!r}")
@@ -175,8 +176,6 @@ def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *,
         return ExampleInputs(both.args, {k: v for k, v in both.kwargs.items() if k != "target"}), \
             {"target": both.kwargs["target"]}
     if isinstance(budget, str) and budget.strip().endswith("%"):
-        from monet.solver.solve import parse_budget
-
         keys = ("loss_fn", "cost", "device", "gpu_spec", "autocast_dtype", "cache_dir", "compile")
         x, t = at(lengths[-1])
         longest = prepare(model, x, progress=kw.get("progress", True), **t, **{k: kw[k] for k in keys if k in kw})

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from monet.buckets import optimize_buckets
 from monet.inputs import ExampleInputs
 from monet.lm_loss import chunked_loss_hint
 from monet.progress import Progress
@@ -189,9 +190,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
     from monet.solver.ilp import InfeasibleBudgetError
 
     if buckets is not None:
-        from monet.buckets import optimize_buckets
-
-        return optimize_buckets(model, example_inputs, buckets, budget, mode=mode, time_limit=time_limit,
+        return optimize_buckets(model, example_inputs, buckets, budget, optimize=optimize, prepare=prepare,
+                                mode=mode, time_limit=time_limit,
                                 loss_fn=loss_fn, target=target, optimizer=optimizer, accumulate_grads=accumulate_grads,
                                 reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
                                 autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
