@@ -47,16 +47,16 @@ anything else              ``out / 2 + 256``                                    
     their output (``_safe_softmax``); MKL's matmul packing buffers come from MKL's own allocator,
     which neither this bound nor the allocator-level peak (`monet.profiling.memory`) sees.
 
-[g] In a dtype oneDNN does not take (float64), ATen convolves by im2col: the forward allocates a
-    column buffer of batch x input channels x kernel elements x output positions elements (a 3x3
-    convolution: 9x its input; measured: exactly that), which the bound counts instead of
-    oneDNN's reorders.
-
 [f] `monet.lm_loss`: per chunk the head's logits, their float32 copy and log-softmax (forward);
     the logits, log-softmax and their gradients, and in one chunk the weight's gradient as a (H, V)
     product before its transposed copy (backward; over several chunks it is added in place); the
     same chunk temporaries in the forward pass of ``linear_cross_entropy_grads``.
     Read from the op's own code, not measured.
+
+[g] In a dtype oneDNN does not take (float64), ATen convolves by im2col: the forward allocates a
+    column buffer of batch x input channels x kernel elements x output positions elements (a 3x3
+    convolution: 9x its input; measured: exactly that), which the bound counts instead of
+    oneDNN's reorders.
 
 CUDA (not measured here: no GPU was available).  The bound takes the convolution family as
 ``max(w, out) + in`` and every other family as on CPU without the per-thread terms (one stream, no
