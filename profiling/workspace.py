@@ -130,7 +130,7 @@ def _flash_splits(q_len: int, kv_len: int) -> tuple[int, int]:
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _columns(family: str, args: list, weight) -> int:
+def _columns(family: str, args: list, weight, out) -> int:
     """Bytes of the column buffer of ATen's im2col convolution (``slow_conv2d``, [g]), which a CPU
     forward convolution in a dtype oneDNN does not take allocates: batch x (input channels x
     kernel elements) x output positions; 0 for the dtypes oneDNN takes and for the backward (its
@@ -138,12 +138,8 @@ def _columns(family: str, args: list, weight) -> int:
     x = args[0]
     if family != "convolution" or not isinstance(x, torch.Tensor) or x.dtype in _ONEDNN_DTYPES:
         return 0
-    groups = int(args[8])
-    kernel = int(torch.Size(weight.shape[2:]).numel())
-    spatial = [(int(n) + 2 * int(p) - int(d) * (int(k) - 1) - 1) // int(st) + 1
-               for n, k, st, p, d in zip(x.shape[2:], weight.shape[2:], args[3], args[4], args[5])]
-    return int(x.shape[0]) * int(weight.shape[1]) * groups * kernel * int(torch.Size(spatial).numel()) \
-        * x.element_size()
+    channels_and_kernel = int(weight.shape[1:].numel()) * int(args[8])  # (C_in / groups) k^2 x groups
+    return int(x.shape[0]) * channels_and_kernel * int(out.shape[2:].numel()) * x.element_size()
 
 
 def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None = None) -> int:
@@ -174,7 +170,7 @@ def workspace_bound(fx_node: fx.Node, device: str = "cpu", threads: int | None =
         groups = int(args[8] if family == "convolution" else args[9])
         grouped = max(_GROUPED_FLOOR, _GROUPED_PER_THREAD * threads) * w \
             if family == "convolution_backward" and groups > 1 else 0
-        columns = _columns(family, args, weight)
+        columns = _columns(family, args, weight, _val(fx_node))
         if columns:  # ATen's im2col convolution: no oneDNN reorders or scratchpad ([g])
             return columns + out // 2 + 256
         return 3 * (ins + out) + per_thread * _THREAD_SCRATCH + grouped

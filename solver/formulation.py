@@ -34,7 +34,7 @@ dropped): ``R[t, i]`` exists only if stage t could need node i (i is read by the
 of what it reads) and ``S[t, i]`` only if some stage from t on could need it.  This is a
 restriction, not an exact reduction: recomputing a node early, while its inputs are still kept, and
 keeping it for a later stage can be cheaper (`tests/test_solver_fast_path.py` measures the loss
-against the unpruned formulation, `plain_solve`).  The constraint matrices are
+against the unpruned formulation, `monet.solver.ilp.plain_solve`).  The constraint matrices are
 built as sparse matrices from index arrays; only the per-recomputation rows loop over stages.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The schedule search without a MIP solver: structured, repaired and greedy candidates improved
-by local search (`search`), the simulator's slack, and a MIP start from its schedule (`start`)."""
+by local search (`search`), the simulator's slack, and a MIP start from its schedule (`mip_start`)."""
 from __future__ import annotations
 
 import time

@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from monet.graph import OpGraph, build_opgraph
 from monet.profiling.costs import CostArrays
+from monet.solver.simulated import simulated_schedule
 
 _OPS = {1: torch.ops.aten.sin.default, 2: torch.ops.aten.mul.Tensor, 3: torch.ops.aten.addcmul.default}
 
@@ -144,5 +145,4 @@ def dropping(graph: OpGraph, dropped: list[int]) -> tuple[np.ndarray, np.ndarray
 
 def simulated_peak(graph: OpGraph, costs: CostArrays, S, R) -> int:
     """The simulator's peak (bytes) of the schedule (S, R) (`monet.simulate.schedule_peak`)."""
-    from monet.solver.simulated import simulated_schedule
     return simulated_schedule(graph, costs, np.asarray(S), np.asarray(R), ())[1].peak_bytes

@@ -131,8 +131,7 @@ def test_smallest_budget_holds_at_the_allocator(setup, mode):
 def test_a_float64_network_keeps_its_budget():
     """In float64 the CPU convolves by im2col, not oneDNN: its column buffer (9x a 3x3
     convolution's input) is counted by the bound, every node's measured workspace is under its
-    bound, and the schedule at the smallest budget measures at most that budget (without the
-    column buffer a float64 ResNet block's schedule measured 3 % over)."""
+    bound, and the schedule at the smallest budget measures at most that budget."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                           *[m for _ in range(3) for m in (nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())],
