@@ -338,14 +338,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def _provenance(argv) -> dict:
+def _provenance(argv, script: str = "benchmarks/compiled.py") -> dict:
+    """date, machine, torch and the command (``python <script> <argv>``) of a benchmark's rows."""
     import platform
 
     import torch
 
     return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{platform.processor() or platform.machine()}"
                 f", {__import__('os').cpu_count()} cores", torch=torch.__version__,
-                command="python benchmarks/compiled.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+                command=f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
 if __name__ == "__main__":
