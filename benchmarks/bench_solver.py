@@ -1,8 +1,8 @@
-"""Solver benchmark at MONeT's full-scale configurations (issue 4): how big the ILP is, how long it
+"""Solver benchmark at MONeT's full-scale configurations: how big the ILP is, how long it
 takes, and how close to the bound its schedule is.
 
     python benchmarks/bench_solver.py [--models resnet50,...] [--budgets 70,60,50,40,33] [--solver CBC[,HIGHS]]
-                                      [--time-limit 60] [--gap 0.01] [--plain] [--min-budget] [--out BENCHMARKS.md]
+                                      [--time-limit 60] [--gap 0.01] [--plain] [--min-budget] [--csv benchmarks/results/solver.csv]
                                       [--peers checkpoint_all,chen,greedy,rounding,ilp]
 
 Configurations (`CONFIGS`): MONeT's five CNNs at their batch sizes (input 3x224x224; UNet at the zoo
@@ -53,7 +53,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from monet.profiling.markdown import md_table, write_section
+from monet.profiling.markdown import md_table
+from monet.profiling.raw_results import append_rows, command_line, provenance
 from monet.solver import DEFAULT_GAP
 from monet.solver.best_known import BEST_KNOWN, load_best_known, record_best_known
 from monet.zoo.build import BATCH as ZOO_BATCH
@@ -61,7 +62,6 @@ from monet.zoo.build import BATCH as ZOO_BATCH
 CONFIGS = dict(ZOO_BATCH)  # model: batch size (MONeT, Table 2; GPT-2 small at 8), as the zoo builds them
 BUDGETS = (70, 60, 50, 40, 33)
 MODE = "inplace_conv_multiway_newnode"
-SECTION = "## Solver at full scale"
 TARGET = 0.01  # a row's schedule (or smallest budget) within 1 % of the best known (issue 18)
 # the objectives (seconds) a solve's progress lines announce: a MIP solver's incumbents, the local
 # search's schedule above solver.formulation.LARGE
@@ -258,8 +258,8 @@ def peers_markdown(rows: list[dict], argv: list[str]) -> str:
     return head + md_table(list(rows[0]), [[str(v) for v in r.values()] for r in rows]) + "\n"
 
 
-def to_markdown(rows: list[dict], argv: list[str]) -> str:
-    """The BENCHMARKS.md section for ``rows``."""
+def display_frame(rows: list[dict]) -> pd.DataFrame:
+    """``rows`` as the table shows them (string cells; the costs column dropped)."""
     df = pd.DataFrame(rows)
     df = df[[c for c in df.columns if not c.startswith("_")]]
     unit_min = df["budget"] == "min"
@@ -274,10 +274,16 @@ def to_markdown(rows: list[dict], argv: list[str]) -> str:
         df[col] = df[col].map(lambda v, f=f: "-" if v is None or pd.isna(v) else f.format(v))
     df["gap"] = df["gap"].map(lambda v: "-" if v is None or pd.isna(v) else f"{100 * v:.2f} %")
     df["peak_over_budget"] = df["peak_over_budget"].map(lambda v: "-" if v is None or pd.isna(v) else f"{v:.3f}")
-    sources = sorted(set(df.pop("costs")))
-    head = (f"{SECTION}\n\n`python benchmarks/bench_solver.py {' '.join(argv)}` on {_dt.date.today().isoformat()}, "
-            f"mode {MODE}; costs: {', '.join(sources)}; times are wall clock on this machine's CPU.\n\n")
-    return head + md_table(list(df.columns), df.astype(str).values.tolist()) + "\n"
+    return df.drop(columns=["costs"]).astype(str)
+
+
+def to_markdown(rows: list[dict], argv: list[str]) -> str:
+    """The table of ``rows``, printed by a run, with its command, mode and costs above it."""
+    sources = sorted({r["costs"] for r in rows})
+    df = display_frame(rows)
+    head = (f"`python benchmarks/bench_solver.py {' '.join(argv)}`, mode {MODE}; costs: {', '.join(sources)}; "
+            "times are wall clock on this machine's CPU.\n\n")
+    return head + md_table(list(df.columns), df.values.tolist()) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,7 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="also solve MONeT's formulation as written, for contrast")
     p.add_argument("--min-budget", action="store_true",
                    help="also time the smallest-budget search (monet solve --min-budget) per model")
-    p.add_argument("--out", type=Path, default=None, help="markdown file whose solver section is (re)written")
+    p.add_argument("--csv", type=Path, default=None,
+                   help="append each model's rows, with their provenance, to this raw results file "
+                        "(benchmarks/results/solver.csv; `python benchmarks/report.py` renders it)")
     p.add_argument("--record-best", action="store_true",
                    help=f"write rows that beat the best known schedule into {BEST_KNOWN.name}, with this command")
     p.add_argument("--peers", default=None, metavar="NAMES",
@@ -332,14 +340,13 @@ def run(args, argv: list[str]) -> int:
         print(peers_markdown(rows, argv))
         return 0
 
-    def save(current):
-        if args.out:
-            write_section(args.out, to_markdown(rows + current, argv), SECTION)
-
+    prov = provenance(command_line("python benchmarks/bench_solver.py", argv))
     for m in models:
-        rows += bench_config(m, CONFIGS[m], budgets, args.solver, args.time_limit, args.gap, args.plain, save,
-                             min_budget_row=args.min_budget, best=best)
-        save([])
+        made = bench_config(m, CONFIGS[m], budgets, args.solver, args.time_limit, args.gap, args.plain,
+                            lambda current: None, min_budget_row=args.min_budget, best=best)
+        rows += made
+        if args.csv:  # each model's rows as it finishes: an interrupted run keeps them
+            append_rows(args.csv, display_frame(made).to_dict("records"), prov)
     print(to_markdown(rows, argv))
     if args.record_best:
         command = "python benchmarks/bench_solver.py " + " ".join(shlex.quote(a) for a in argv)

@@ -3,7 +3,6 @@
     python benchmarks/compiled.py --models gpt2,llama,bert --layers 12,24 --dtypes fp32,bf16 \\
         --csv benchmarks/results/compiled.csv
     python benchmarks/compiled.py --models resnet --csv benchmarks/results/compiled.csv
-    python benchmarks/compiled.py --table benchmarks/results/compiled.csv --out BENCHMARKS.md
 
 For each configuration (transformers' GPT-2, Llama and BERT built from a config as in
 ``benchmarks/depth.py``, or ``monet demo``'s quarter-width ResNet-50; fp32, or bf16 autocast on the
@@ -23,9 +22,8 @@ interleaved iterations, minus 1: `monet.profiling.check.step_overhead`), monet's
 Inductor), monet's ``startup_s`` (``monet.optimize`` plus the first step, the 50 % row) and its
 ``solve_s``, ``grads`` (the largest relative gradient difference against plain ``torch.compile``
 after one step) and, in bf16, ``loss_drift`` (the largest relative difference of the loss from
-``torch.compile``'s over `LOSS_STEPS` SGD steps).  ``--table CSV`` writes the section `SECTION` of
-``--out`` from the raw rows, one table per configuration, each captioned with its date, machine
-and command.
+``torch.compile``'s over `LOSS_STEPS` SGD steps).  Each row carries its provenance (date,
+machine, torch, command); ``python benchmarks/report.py`` renders BENCHMARKS.md from the file.
 """
 from __future__ import annotations
 
@@ -33,17 +31,17 @@ import argparse
 import copy
 import csv
 import json
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from monet.profiling.raw_results import PROVENANCE, command_line, provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 LOSS_STEPS = 20
 PEER_BUDGETS = (0.5, 0.3, 0.1)
-SECTION = "## Compiled: monet against torch.compile (CPU)"
 COLUMNS = ["model", "layers", "dtype", "device", "hidden", "seq", "batch", "vocab", "dropout", "method", "budget", "peak",
            "predicted_peak", "overhead", "predicted_overhead", "first_step_s", "startup_s", "solve_s", "grads",
            "loss_drift", "status", "error"]
@@ -210,76 +208,6 @@ def _rows(cfg: dict) -> None:
         monet_row(name, plan.wrap(sol, loss(copy.deepcopy(model))), time.perf_counter() - t0)
 
 
-def _mib(v) -> str:
-    return "-" if v in ("", None) else f"{int(float(v)) / 2**20:.1f}"
-
-
-def _pct(v) -> str:
-    return "-" if v in ("", None) else f"{100 * float(v):+.1f} %"
-
-
-def _seconds(v) -> str:
-    return "-" if v in ("", None) else f"{float(v):.0f}"
-
-
-def section(rows: list[dict]) -> str:
-    """The markdown section of the raw CSV rows: per configuration (model, layers, dtype), the
-    methods' measured peak, its share of plain ``torch.compile``'s, overheads, first step and
-    start-up seconds, gradients; the caption holds the configuration, date, machine and command."""
-    from monet.profiling.markdown import md_table
-
-    out = [SECTION, "", "Peak: one training iteration at the allocator (parameters and gradients included); "
-           "overhead: the median of paired interleaved iterations against plain `torch.compile`, minus 1; "
-           "first step: Dynamo, AOTAutograd and Inductor (monet: Inductor only, after `monet.optimize`); "
-           "start-up: `monet.optimize` plus the first step; gradients: the largest relative difference from "
-           "plain `torch.compile`'s after one step; loss drift (bf16): the largest relative difference of "
-           f"the loss over {LOSS_STEPS} SGD steps.", ""]
-    configs: dict[tuple, list[dict]] = {}
-    for r in rows:
-        configs.setdefault((r["model"], r["layers"], r["dtype"], r["command"]), []).append(r)
-    for (model, layers, dtype, command), group in configs.items():
-        first = group[0]
-        plain = next((float(r["peak"]) for r in group if r["method"] == "torch.compile" and r["peak"]), None)
-        drift = {r["method"][:-len(" (losses)")]: r["loss_drift"] for r in group if r["method"].endswith(" (losses)")}
-        cells = []
-        for r in group:
-            if r["method"].endswith(" (losses)"):
-                continue
-            if r.get("error"):
-                least = re.search(r"smallest (?:budget found )?feasible(?: budget)? is \d+ bytes \(([\d.]+ MiB)\)",
-                                  r["error"])
-                error = f"infeasible: the smallest feasible budget is {least.group(1)}" if least else r["error"][:110]
-                cells.append([r["method"], _mib(r["budget"]), "-", "-", "-", "-", "-", "-", "-", "-", error])
-                continue
-            share = "-" if not plain or not r["peak"] else f"{float(r['peak']) / plain:.2f}x"
-            loss = f"{float(drift[r['method']]):.1e}" if drift.get(r["method"]) else "-"
-            cells.append([r["method"], _mib(r["budget"]), _mib(r["peak"]), share,
-                          "-" if r["method"] == "torch.compile" else _pct(r["overhead"]), _pct(r["predicted_overhead"]),
-                          _seconds(r["first_step_s"]), _seconds(r["startup_s"]), r["grads"] or "-", loss,
-                          r["status"] or ""])
-        size = ("the demo's ResNet-50" if model == "resnet" else
-                f"{layers} layers, hidden {first['hidden']}, {first['batch']} x {first['seq']} tokens, "
-                f"vocab {first['vocab']}, dropout {first['dropout']}")
-        out += [f"**{model}, {dtype}** ({size}; {first['date']}, {first['machine']}, torch {first['torch']}; "
-                f"`{command}`)", "",
-                md_table(["method", "budget MiB", "peak MiB", "of torch.compile", "overhead", "predicted",
-                          "first step s", "start-up s", "gradients", "loss drift", "status"], cells, "lrrrrrrrlll"), ""]
-    return "\n".join(out)
-
-
-def write_table(csv_path: Path, out: Path | None) -> None:
-    """`section` of the rows of ``csv_path``, written into ``out`` (its section `SECTION` replaced,
-    the rest kept) or printed."""
-    with csv_path.open() as f:
-        text = section(list(csv.DictReader(f)))
-    if out is None:
-        print(text)
-        return
-    from monet.profiling.markdown import write_section
-
-    write_section(out, text, SECTION)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[-1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,16 +225,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per monet solve")
     ap.add_argument("--csv", type=Path, help="raw results: appended, one row per method (required)")
-    ap.add_argument("--table", type=Path, metavar="CSV", help="write the markdown section of these raw rows "
-                    "instead of measuring (into --out, else printed)")
-    ap.add_argument("--out", type=Path, help="with --table: the markdown file whose section to write")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
         one(json.loads(args.one))
-        return 0
-    if args.table:
-        write_table(args.table, args.out)
         return 0
     if args.csv is None:
         ap.error("--csv is required: the file the rows are appended to")
@@ -317,7 +239,8 @@ def main(argv=None) -> int:
                 configs.append(dict(model=model, layers=layers, dtype=dtype, hidden=args.hidden, seq=args.seq,
                                     batch=args.batch, vocab=args.vocab, dropout=args.dropout, repeats=args.repeats,
                                     time_limit=args.time_limit, device=args.device))
-    fields = COLUMNS + ["date", "machine", "torch", "command"]
+    prov = provenance(command_line("python benchmarks/compiled.py", argv))
+    fields = COLUMNS + list(PROVENANCE)
     if not args.csv.exists():
         with args.csv.open("w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
@@ -331,22 +254,11 @@ def main(argv=None) -> int:
                 continue
             if isinstance(row, dict) and "method" in row:
                 with args.csv.open("a", newline="") as f:  # opened per row: the file may be replaced meanwhile
-                    csv.DictWriter(f, fieldnames=fields, extrasaction="ignore").writerow({**row, **_provenance(argv)})
+                    csv.DictWriter(f, fieldnames=fields, extrasaction="ignore").writerow({**row, **prov})
                 print(line, file=sys.stderr)
         if proc.returncode:
             print(f"== the configuration's process exited {proc.returncode}", file=sys.stderr)
     return 0
-
-
-def _provenance(argv, script: str = "benchmarks/compiled.py") -> dict:
-    """date, machine, torch and the command (``python <script> <argv>``) of a benchmark's rows."""
-    import platform
-
-    import torch
-
-    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{platform.processor() or platform.machine()}"
-                f", {__import__('os').cpu_count()} cores", torch=torch.__version__,
-                command=f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Deep networks: monet against what a transformers user already has, at 12 to 96 layers.
 
-    python benchmarks/depth.py --models gpt2 --layers 12,24 --out BENCHMARKS.md
-    python benchmarks/depth.py --models gpt2,llama,bert --layers 12,24,48,96 --dtypes fp32,bf16 \\
-        --out BENCHMARKS.md --csv benchmarks/results/depth.csv --plot docs/depth.png
+    python benchmarks/depth.py --models gpt2 --layers 12 --csv benchmarks/results/depth-12.csv
+    python benchmarks/depth.py --models gpt2,llama,bert --layers 24 --dtypes bf16 \\
+        --csv benchmarks/results/depth-24-bf16.csv --plot docs/depth.png
     python benchmarks/depth.py --from-csv benchmarks/results/depth-12.csv,benchmarks/results/depth-24.csv \
         --plot docs/depth.png      # the plot of rows measured before
 
@@ -29,24 +29,24 @@ median of paired interleaved iterations against plain PyTorch, minus 1), monet's
 overhead (against plain PyTorch's time as monet reckons it: with the chunked loss too, the time of
 the model without it), the call's wall time split into capture, costs and solve, and the largest relative
 gradient difference against plain PyTorch (``bitwise`` where equal).  Each configuration runs in a
-process of its own (allocator and Dynamo caches start clean).  Writes the section "## Deep
-networks" of ``--out`` (other sections are left as they are), a CSV with every row and a plot of
-overhead against peak.
+process of its own (allocator and Dynamo caches start clean).  Appends the raw rows, with their
+provenance, to ``--csv`` (``python benchmarks/report.py`` renders BENCHMARKS.md from them) and
+plots overhead against peak.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
-import platform
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from monet.profiling.raw_results import append_rows, command_line, provenance
+
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## Deep networks"
 MODELS = ("gpt2", "llama", "bert")
 
 
@@ -265,81 +265,6 @@ def _row(line: str) -> dict | None:
     return row if isinstance(row, dict) and "method" in row else None
 
 
-def merged(rows: list[dict], csv: Path | None) -> list[dict]:
-    """``rows`` after the rows of ``csv`` (written by an earlier run) whose configuration (model,
-    layers, dtype) none of ``rows`` has.
-
-    Raises:
-        SystemExit: no ``csv`` given."""
-    if csv is None:
-        raise SystemExit("--merge needs --csv: the file whose other configurations to keep")
-    if not csv.exists():
-        return rows
-    ran = {(r["model"], int(r["layers"]), r["dtype"]) for r in rows}
-    kept = [{"measured": "an earlier run", **r} for r in from_csvs([csv])
-            if (r["model"], int(r["layers"]), r["dtype"]) not in ran]
-    return kept + rows
-
-
-def _mib(b) -> str:
-    return "-" if b is None else f"{b / 2**20:.1f}"
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:+.1f} %"
-
-
-def table(rows: list[dict]) -> str:
-    from monet.profiling.markdown import md_table
-
-    out = []
-    plain = {}
-    for r in rows:
-        if r["method"] == "plain PyTorch":
-            plain[(r["model"], r["layers"], r["dtype"])] = r["peak"]
-    for r in rows:
-        key = (r["model"], r["layers"], r["dtype"])
-        if "error" in r:
-            out.append([r["model"], str(r["layers"]), r["dtype"], r["method"], "-", "-", "-", "-", "-", "-",
-                        r["error"][:90]])
-            continue
-        base = plain.get(key)
-        wall = ("-" if "solve_s" not in r else
-                f"{r['capture_s']:.0f} + {r['costs_s']:.0f} + {r['solve_s']:.0f}")
-        out.append([r["model"], str(r["layers"]), r["dtype"], r["method"],
-                    "-" if "budget" not in r else _mib(r["budget"]), _mib(r["peak"]),
-                    "-" if not base else f"{r['peak'] / base:.2f}x", _pct(r.get("overhead")) if r["method"] != "plain PyTorch" else "-",
-                    _pct(r.get("predicted_overhead")), wall, r.get("grads", "-")])
-    return md_table(["model", "layers", "dtype", "method", "budget MiB", "peak MiB", "of plain", "overhead",
-                     "predicted", "capture + costs + solve s", "gradients"], out, "lllllrrrrrl")
-
-
-def section(rows: list[dict], command: str, started: str, elapsed: float, title: str = SECTION) -> str:
-    import torch
-
-    shapes = sorted({(r["hidden"], r["seq"], r["batch"], r["vocab"]) for r in rows})
-    sizes = "; ".join(f"hidden {h}, {b} x {t} tokens, vocab {v}" for h, t, b, v in shapes)
-    return "\n".join([
-        title, "",
-        f"`{command}` ({started} UTC, {elapsed / 60:.0f} min; {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__}; {sizes}).  Every method trains the same batch from the same weights; peak = one "
-        "training iteration at the allocator (parameters and gradients included); overhead = median of paired "
-        "interleaved iterations against plain PyTorch, minus 1; monet's budgets are 50 % of plain "
-        "PyTorch's simulated peak, `budget=\"min\"` and each peer's measured peak (bytes).  Wall time: the capture and the costs "
-        "are one `monet.prepare` per configuration, the solve is per budget." + _earlier(rows, started), "",
-        table(rows), ""])
-
-
-def _earlier(rows: list[dict], started: str) -> str:
-    """The sentence naming the configurations measured by earlier runs (`merged`), if any."""
-    old = sorted({(r["model"], int(r["layers"]), r["dtype"], r["measured"]) for r in rows
-                  if r.get("measured", started) != started})
-    if not old:
-        return ""
-    return ("  Rows of " + ", ".join(f"{m}-{n} {d} ({t})" for m, n, d, t in old) +
-            " are from earlier runs of the same command (`--merge`).")
-
-
 def plot(rows: list[dict], path: Path) -> None:
     """Overhead (%) against peak (a fraction of plain PyTorch's), one panel per configuration: a
     row of panels per model, a column per depth and dtype; monet's points are circles, the peers'
@@ -410,12 +335,9 @@ def main(argv=None) -> int:
     p.add_argument("--lm-loss", action="store_true", help="also solve with the chunked language-model loss "
                                                           "(monet.lm_loss), at the same budgets in bytes")
     p.add_argument("--cache-dir", default=None, help="monet's cost cache (default: a fresh one per run)")
-    p.add_argument("--out", type=Path, default=None, help="markdown file whose section to write (else printed)")
-    p.add_argument("--section", default=SECTION, help=f"the section's heading (default {SECTION!r})")
-    p.add_argument("--csv", type=Path, default=None, help="write every row here too")
-    p.add_argument("--merge", action="store_true", help="keep the --csv file's rows of the configurations "
-                   "(model, layers, dtype) not run now, and write the section from all of them (each row's "
-                   "'measured' column says when it was)")
+    p.add_argument("--csv", type=Path, default=None,
+                   help="raw results: the rows are appended with their provenance, replacing the file's earlier rows "
+                        "of the configurations (model, layers, dtype) run now (required to measure)")
     p.add_argument("--plot", type=Path, default=None, help="overhead against peak, one panel per configuration")
     p.add_argument("--from-csv", default=None, help="comma-separated CSV files written by --csv: measure nothing, "
                    "only --plot their rows")
@@ -429,13 +351,11 @@ def main(argv=None) -> int:
             raise SystemExit("--from-csv needs --plot: the image to draw the rows in")
         plot(from_csvs([Path(x) for x in args.from_csv.split(",")]), args.plot)
         return 0
-    import datetime as dt
-    import shlex
+    if args.csv is None:
+        p.error("--csv is required: the file the rows are appended to (benchmarks/report.py renders it)")
     import tempfile
 
-    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    t_start = time.perf_counter()
-    command = "python benchmarks/depth.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    prov = provenance(command_line("python benchmarks/depth.py", argv))
     rows: list[dict] = []
     cache = args.cache_dir or tempfile.mkdtemp(prefix="monet-depth-")
     for model in args.models.split(","):
@@ -454,21 +374,10 @@ def main(argv=None) -> int:
                     killed = " (killed: out of memory?)" if proc.returncode == -9 else ""
                     rows.append(dict(cfg, method="(the rest)", error=f"the configuration's process exited "
                                                                     f"{proc.returncode}{killed} after {len(made)} rows"))
-    rows = [dict(r, measured=started) for r in rows]
-    if args.merge:
-        rows = merged(rows, args.csv)
-    text = section(rows, command, started, time.perf_counter() - t_start, args.section)
-    if args.out:
-        from monet.profiling.markdown import write_section
-
-        write_section(args.out, text, args.section)
-    else:
-        print(text)
-    if args.csv:
-        import pandas as pd
-
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_csv(args.csv, index=False)
+    rows = [{k: v for k, v in r.items() if k != "cache_dir"} for r in rows]
+    ran = {(r["model"], str(r["layers"]), r["dtype"]) for r in rows}
+    append_rows(args.csv, rows, prov, replaces=lambda old: (old["model"], old["layers"], old["dtype"]) in ran)
+    print(f"{len(rows)} rows in {args.csv}: `python benchmarks/report.py` renders BENCHMARKS.md from it")
     if args.plot:
         plot(rows, args.plot)
     return 0

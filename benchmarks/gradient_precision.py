@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import sys
 from pathlib import Path
 
+from monet.profiling.raw_results import append_rows, command_line, provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-COLUMNS = ["model", "dtype", "method", "budget", "vs_eager", "vs_compile"]
 BUDGET = "50%"
 
 
@@ -68,25 +68,19 @@ def rows(dtype_name: str, time_limit: float) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from compiled import _provenance
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="fp32,fp64", help="comma-separated: fp32, fp64 (default: both)")
     ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per monet solve (default 20)")
     ap.add_argument("--csv", type=Path, help="append the rows to this CSV (written with a header if new)")
     args = ap.parse_args(argv)
-    prov = _provenance(argv, "benchmarks/gradient_precision.py")
-    found = [dict(r, **prov) for d in args.dtypes.split(",") for r in rows(d.strip(), args.time_limit)]
+    prov = provenance(command_line("python benchmarks/gradient_precision.py", argv))
+    found = [r for d in args.dtypes.split(",") for r in rows(d.strip(), args.time_limit)]
     for r in found:
         print(f"{r['dtype']:5} {r['method']:15} vs eager {r['vs_eager']:.1e}  vs torch.compile {r['vs_compile']:.1e}")
     if args.csv:
-        new = not args.csv.exists()
-        with args.csv.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS + list(prov))
-            if new:
-                w.writeheader()
-            w.writerows({k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in r.items()} for r in found)
+        append_rows(args.csv, [{k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in r.items()} for r in found],
+                    prov)
     return 0
 
 

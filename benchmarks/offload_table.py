@@ -1,7 +1,7 @@
 """Issue 19's table: offload to host memory beside recompute-only schedules, predicted (no device).
 
     python benchmarks/offload_table.py [--models gpt2-small,resnet50] [--bandwidths pcie5,nvlink-c2c]
-                                       [--budgets 50,33] [--time-limit 30] [--out BENCHMARKS.md]
+                                       [--budgets 50,33] [--time-limit 30]
 
 For each model of `benchmarks/bench_solver.py` (the zoo's batch sizes, `monet.zoo.build.BATCH`: GPT-2 small at batch
 8, sequence 1024; ResNet-50 at batch 184, 3x224x224; fp32), captured on the meta device as the zoo
@@ -17,7 +17,7 @@ does (`monet.zoo.build.capture_config`), with the analytic roofline costs of an 
 
 Normal mode, not bench-solver's full mode: offload is planned with PyTorch's implementations only.
 Nothing runs on a GPU: every figure is the solver's prediction.  Progress goes to stderr; the
-section `SECTION` of ``--out`` is rewritten after every model.
+table is printed at the end (predicted only: nothing here is measured).
 """
 from __future__ import annotations
 
@@ -146,7 +146,6 @@ def parse_args(argv=None):
     p.add_argument("--budgets", default="50,33", help="percentages of the plain peak for the overhead columns")
     p.add_argument("--gpu", default="h100", help="roofline preset of the analytic costs (DeviceSpec.named)")
     p.add_argument("--time-limit", type=float, default=30.0, help="seconds per smallest-budget search and per solve")
-    p.add_argument("--out", type=Path, default=None, help="markdown file whose section is rewritten (BENCHMARKS.md)")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.bandwidths = [b.strip() for b in args.bandwidths.split(",") if b.strip()]
@@ -158,24 +157,15 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from monet.profiling.markdown import write_section
-
     args = parse_args(argv)
     command = "python benchmarks/offload_table.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     t_start = time.perf_counter()
     rows: list[dict] = []
 
-    def save(finished=False):
-        text = section(rows, command, started, time.perf_counter() - t_start, finished, args)
-        if args.out is not None:
-            write_section(args.out, text, SECTION)
-        return text
-
     for name in args.models:
         rows += bench_model(name, args)
-        save()
-    print(save(finished=True))
+    print(section(rows, command, started, time.perf_counter() - t_start, True, args))
     _log(f"done in {(time.perf_counter() - t_start) / 60:.1f} min")
     return 0
 

@@ -1,6 +1,6 @@
 """Wall time of `monet.optimize` against its ``time_limit``: where the call spends its time.
 
-    python benchmarks/optimize_walltime.py --out BENCHMARKS.md            # demo model + reach suite
+    python benchmarks/optimize_walltime.py                    # demo model + reach suite
     python benchmarks/optimize_walltime.py --models demo --time-limits 20
     python benchmarks/optimize_walltime.py --models gpt2-96,resnet50-b16 --time-limits 60 --fresh   # deep networks
     python benchmarks/optimize_walltime.py --models densenet121 --budget min --time-limits 60 --fresh
@@ -11,27 +11,23 @@ time limit, one call as a user makes it, ``monet.optimize(model, inputs, budget=
 time_limit=T, if_infeasible="smallest")`` (with ``loss_fn=F.cross_entropy`` and the target for a
 classifier), run as it runs (`monet.plan.prepare`, then `Plan.solve` in `monet.plan.solve_limit`'s
 share of the limit) and timed in phases (`monet.progress.Progress`): capture, costs, solve,
-calibration, and the whole call.  The promise (issue 37): the call returns within ``time_limit`` plus the capture and
+calibration, and the whole call.  The promise: the call returns within ``time_limit`` plus the capture and
 the costing it reports, so the column "solve + calibration" is held against T.  Costs are measured
 on this CPU once per model and cached (``--cache-dir``): the first time limit's row pays the
 costing, later rows read the cache (the table says which); ``--fresh`` starts each model from an
-empty cache, as on a machine that has not costed it before.  The deep networks of issue 40 are
+empty cache, as on a machine that has not costed it before.  The deep networks are
 `DEEP`'s configurations (``gpt2-96``: transformers' GPT-2 with 96 layers, hidden 256, 2 x 256
 tokens; ``gpt2-small``: GPT-2 small's size, 12 layers, hidden 768, 2 x 512 tokens, vocab 50257;
 ``resnet50-b16``: torchvision's ResNet-50 at batch 16, 3x128x128; ``densenet121``: at batch 2,
 3x64x64), held against ``2 x T`` for the whole call (column "within 2T").
 
-Each model runs in a process of its own (Dynamo's caches and the allocator start clean).  Writes a
-markdown section "## monet.optimize: wall time against time_limit" into ``--out`` (replacing the
-section if present), or prints it.
+Each model runs in a process of its own (Dynamo's caches and the allocator start clean).  Prints
+the table; ``--csv`` appends its rows, with their provenance, to a raw results file.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,7 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## monet.optimize: wall time against time_limit"
 
 
 #: deep-network configurations: name -> (builder, arguments)
@@ -146,31 +141,28 @@ def one(name: str, limits: list[float], cache_dir: str, budget: str = "50%", che
     return rows
 
 
-def table(rows: list[dict], limits: list[float], command: str, budget: str = "50%") -> str:
-    import torch
+HEADER = ["model", "T s", "capture s", "costs s", "solve s", "calibration s", "after s", "within T", "total s",
+          "within 2T", "status", "budget", "predicted overhead", "gradients"]
 
-    lines = [SECTION, "",
-             f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{command}`. Machine: {platform.processor() or 'CPU'}, "
-             f"{os.cpu_count()} cores, torch {torch.__version__}. `monet.optimize(model, inputs, budget=\"{budget}\", "
-             "time_limit=T, if_infeasible=\"smallest\")`; \"after\" is solve + calibration, the part the time limit "
-             "covers; capture and costs are reported by the call (costs measured at the first limit, cached after).", "",
-             "| model | T s | capture s | costs s | solve s | calibration s | after s | within T | total s | within 2T | status "
-             "| budget | predicted overhead | gradients |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | --- |"]
+
+def cells(rows: list[dict]) -> list[dict]:
+    """The calls' rows as the table shows them: one dict of string cells (`HEADER`) per call; "after"
+    is solve + calibration, the part the time limit covers."""
+    out = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r.get('time_limit_s', '')} | | | | | | | | | {r['error'][:80]} | | | |")
+            out.append(dict.fromkeys(HEADER, "") | {"model": r["model"], "T s": str(r.get("time_limit_s", "")),
+                                                    "status": r["error"][:80]})
             continue
-        lines.append(f"| {r['model']} | {r['time_limit_s']:g} | {r['capture_s']:.1f} | {r['costs_s']:.1f}"
-                     f"{' (cached)' if r['costs_cached'] else ''} | {r['solve_s']:.1f} | {r['calibration_s']:.1f} | "
-                     f"{r['after_capture_and_costs_s']:.1f} | {'yes' if r['within'] else 'NO'} | {r['total_s']:.1f} | "
-                     f"{'yes' if r['within_twice'] else 'NO'} | {r['status']} | {100 * r['budget_fraction']:.0f} % | "
-                     + ("- |" if r.get("predicted_overhead") is None else f"{100 * r['predicted_overhead']:+.1f} % |")
-                     + f" {r.get('gradients') or '-'} |")
-    ok = [r for r in rows if "error" not in r]
-    lines += ["", f"{sum(r['within'] for r in ok)} of {len(ok)} calls within their time limit after capture and costs; "
-              f"longest overrun {max((r['after_capture_and_costs_s'] - r['time_limit_s'] for r in ok), default=0):+.1f} s.", ""]
-    return "\n".join(lines)
+        out.append(dict(zip(HEADER, [
+            r["model"], f"{r['time_limit_s']:g}", f"{r['capture_s']:.1f}",
+            f"{r['costs_s']:.1f}{' (cached)' if r['costs_cached'] else ''}", f"{r['solve_s']:.1f}",
+            f"{r['calibration_s']:.1f}", f"{r['after_capture_and_costs_s']:.1f}", "yes" if r["within"] else "NO",
+            f"{r['total_s']:.1f}", "yes" if r["within_twice"] else "NO", r["status"],
+            f"{100 * r['budget_fraction']:.0f} %",
+            "-" if r.get("predicted_overhead") is None else f"{100 * r['predicted_overhead']:+.1f} %",
+            r.get("gradients") or "-"])))
+    return out
 
 
 def main(argv=None) -> int:
@@ -183,8 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", default="50%", help="the budget of every call: a percentage or min (default 50%%)")
     p.add_argument("--check-grads", action="store_true", help="after each call, one training step of the wrapper "
                    "against plain PyTorch's: the gradients column (bitwise or the largest relative difference)")
-    p.add_argument("--section", default=SECTION, help=f"the section's heading (default {SECTION!r})")
-    p.add_argument("--out", type=Path, default=None, help="markdown file to write the section into")
+    p.add_argument("--csv", type=Path, default=None, help="append the rows, with their provenance, to this raw "
+                   "results file (benchmarks/results/optimize-walltime-deep.csv: `benchmarks/report.py` renders it)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one model, JSON on stdout
     args = p.parse_args(argv)
     limits = [float(t) for t in args.time_limits.split(",")]
@@ -208,13 +200,13 @@ def main(argv=None) -> int:
         else:
             rows += json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{name}: done", file=sys.stderr, flush=True)
-    command = "python benchmarks/optimize_walltime.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = table(rows, limits, command.strip(), args.budget).replace(SECTION, args.section, 1)
-    if args.out:
-        from monet.profiling.markdown import write_section
+    from monet.profiling.markdown import md_table
+    from monet.profiling.raw_results import append_rows, command_line, provenance
 
-        write_section(args.out, text, args.section)
-    print(text)
+    shown = cells(rows)
+    print(md_table(HEADER, [list(r.values()) for r in shown]))
+    if args.csv:
+        append_rows(args.csv, shown, provenance(command_line("python benchmarks/optimize_walltime.py", argv)))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Issue 16's table: the reach suite's real models (tests/reach_models.py) against the peers, on CPU.
 
-    python benchmarks/reach_table.py [--models a,b] [--time-limit 20] [--out BENCHMARKS.md]
+    python benchmarks/reach_table.py [--models a,b] [--time-limit 20] [--csv benchmarks/results/reach.csv]
 
 For each tiny torchvision, timm and transformers model of ``tests/reach_models.py`` (a classifier is
 trained with ``F.cross_entropy`` through `monet.with_loss.WithLoss`; a transformers model given
@@ -20,10 +20,10 @@ trained with ``F.cross_entropy`` through `monet.with_loss.WithLoss`; a transform
    neither is found) and ``torch.compile``'s ``activation_memory_budget``
    (`compile_with_activation_budget` in `monet.profiling.baselines`): the budget among `COMPILE_BUDGETS`
    whose measured peak is closest to MONeT normal's is timed;
-5. the section `SECTION` (or ``--section``) of ``--out`` is replaced (or appended), the rest of the
-   file kept, after every model, so an interrupted run keeps its rows.  An error is the model's
-   row, not a crash.  Below the table, every MONeT cell's predicted against measured overhead and
-   how many are within `PREDICTION_TOLERANCE` (issue 18).
+5. the raw rows go to ``--csv`` (the table) and beside it ``<name>-prediction.csv`` (every MONeT
+   cell's predicted against measured overhead), rewritten after every model, so an interrupted run
+   keeps its rows; ``python benchmarks/report.py`` renders them.  An error is the model's row, not
+   a crash.
 
 Each model runs in a fresh Python process of its own (`in_own_process`; ``--in-process``: all in
 this one), so that nothing an earlier model left behind reaches its timings.
@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as _dt
 import gc
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,9 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import bench  # noqa: E402  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-from bench import MiB, error_text, machine, pct, timed_repeats  # noqa: E402
+from bench import MiB, error_text, pct, timed_repeats  # noqa: E402
 
-from monet.profiling.markdown import md_table, write_section  # noqa: E402
+from monet.profiling.raw_results import PROVENANCE, append_rows, command_line, provenance  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -60,7 +58,6 @@ FULL_MODE = "inplace_conv_multiway_newnode"
 FRACTION = 0.5
 ABOVE_SMALLEST = 0.05
 COMPILE_BUDGETS = (1.0, 0.5, 0.2, 0.0)
-SECTION = "## Real models (torchvision, timm, transformers)"
 
 
 def table_budget(plain_sim: int, least: int) -> int:
@@ -74,8 +71,8 @@ def table_budget(plain_sim: int, least: int) -> int:
     last bytes with any amount of recomputation. zoo/resnet50 in normal mode (smallest 0.510 of the
     plain peak, 8 s solves) was predicted +1578 % at its smallest budget, +221 % at 0.51, +72 % at
     0.52 and +40 % at 0.55: nobody trains with the first, and at 13x-17x plain PyTorch's iteration two
-    measurements of one schedule in a row differed by 17-20 points (BENCHMARKS.md, "Earlier readings
-    cited in the code"), coarser than the 5 points the prediction is judged at.
+    measurements of one schedule in a row differed by 17-20 points, coarser than the 5 points the
+    prediction is judged at.
     """
     return max(int(FRACTION * plain_sim), min(least + int(ABOVE_SMALLEST * plain_sim), max(least, plain_sim)))
 
@@ -202,7 +199,7 @@ def bench_model(res: Result, args, log, save) -> None:
     t0 = time.perf_counter()
     training_step(b.plain, inputs)
     # more iterations than bench.py's default: the predicted overhead is held to 5 points of this
-    # measurement (issue 18), and a median of 21 ten-millisecond iterations drifted by 5 points
+    # measurement, and a median of 21 ten-millisecond iterations drifted by 5 points
     # (Llama, one schedule measured twice: +26.9 % and +21.3 %), so short iterations get about 4 s
     res.repeats = timed_repeats(time.perf_counter() - t0, args.repeats, target_s=4.0, cap=401)
     log(f"  plain: measured {_mib(res.plain_peak)} MiB, simulated {_mib(res.plain_sim)} MiB; "
@@ -309,9 +306,12 @@ def _budget(res: Result) -> str:
     return ", ".join(cells)
 
 
-def table(results: list[Result]) -> str:
-    header = ["model", "batch", "plain MiB (simulated)", "smallest normal", "smallest full", "solved at",
+TABLE_HEADER = ["model", "batch", "plain MiB (simulated)", "smallest normal", "smallest full", "solved at",
               "MONeT normal", "MONeT full", "Chen", "torch.compile", "notes"]
+
+
+def table_rows(results: list[Result]) -> list[list[str]]:
+    """One row of cells (`TABLE_HEADER`) per model."""
     rows = []
     for r in results:
         if r.error and r.plain_peak is None:
@@ -335,10 +335,10 @@ def table(results: list[Result]) -> str:
                      _cell(r.compiled if r.compiled and r.compiled.peak else None, r.plain_peak) or
                      ("error" if r.compiled and r.compiled.note else ""),
                      "; ".join(notes) + f"; {r.seconds:.0f} s"])
-    return md_table(header, rows, "lrrrrllllll")
+    return rows
 
 
-PREDICTION_TOLERANCE = 0.05  # issue 18: predicted overhead within 5 points of the measured one on CPU
+PREDICTION_TOLERANCE = 0.05  # the goal: a predicted overhead within 5 points of the measured one on the CPU
 
 
 def prediction_rows(results: list[Result]) -> list[dict]:
@@ -361,70 +361,19 @@ def prediction_rows(results: list[Result]) -> list[dict]:
     return rows
 
 
-def prediction_table(results: list[Result]) -> str:
-    """The predicted against the measured overhead of every MONeT cell, and how many are within
-    5 points."""
-    rows = prediction_rows(results)
-    if not rows:
-        return ""
-    body = [[d["model"], d["mode"], f"{d['budget']:.2f}",
+PREDICTION_HEADER = ["model", "mode", "budget", "cost model", "predicted", "measured", "again", "points", "spread",
+                     "within 5 points"]
+
+
+def prediction_cells(results: list[Result]) -> list[list[str]]:
+    """One row of cells (`PREDICTION_HEADER`) per MONeT cell with a predicted and a measured overhead;
+    *cost model*: the costs alone, before calibration, with its points from the measured overhead."""
+    return [[d["model"], d["mode"], f"{d['budget']:.2f}",
              "" if d["uncalibrated"] is None else f"{pct(d['uncalibrated'])} ({d['uncalibrated_points']:.1f})",
              pct(d["predicted"]), pct(d["measured"]),
              "" if d["again"] is None else pct(d["again"]), f"{d['points']:.1f}",
-             "" if d["spread"] is None else f"{d['spread']:.1f}", "yes" if d["within"] else "**no**"] for d in rows]
-    n_in = sum(d["within"] for d in rows)
-    before = [d for d in rows if d["uncalibrated"] is not None]
-    n_before = sum(d["uncalibrated_points"] <= 100 * PREDICTION_TOLERANCE + 1e-9 for d in before)
-    uncalibrated = (f" Before calibration (*cost model*: the costs alone, and in brackets its points from the "
-                    f"measured overhead), {n_before} of {len(before)} were." if before else "")
-    spreads = sorted(d["spread"] for d in rows if d["spread"] is not None)
-    resolution = (f" The same schedule measured twice in a row differed by {spreads[len(spreads) // 2]:.1f} "
-                  f"points (median; at most {spreads[-1]:.1f}): the resolution of these measurements."
-                  if spreads else "")
-    return "\n".join([
-        "### Predicted against measured overhead", "",
-        f"{n_in} of {len(rows)} MONeT schedules above have a predicted overhead within "
-        f"{100 * PREDICTION_TOLERANCE:.0f} points of the measured one (*points*: |predicted - measured| in "
-        "percentage points; *again*: the same schedule measured a second time right after, *spread* the "
-        "points between the two; the costs are `hybrid`: on the CPU each operator's median time in an "
-        "iteration's sequence, plus its share of the time between operators; on the CPU each schedule is "
-        "then timed and *predicted* is calibrated on that measurement, `monet.profiling.calibration`)."
-        + uncalibrated + resolution, "",
-        md_table(["model", "mode", "budget", "cost model", "predicted", "measured", "again", "points", "spread",
-                  "within 5 points"], body, "llrrrrrrrl"), ""])
-
-
-def section(results: list[Result], command: str, started: str, elapsed: float, finished: bool,
-            title: str = SECTION) -> str:
-    mach = machine()
-    return "\n".join([
-        title, "",
-        f"Generated by `benchmarks/reach_table.py` on {started} (UTC), "
-        f"{'completed' if finished else 'INCOMPLETE (run going on or interrupted)'} in {elapsed / 60:.1f} min:", "",
-        "```", command, "```", "",
-        f"Machine: {mach['CPU']}, {mach['cores']} cores (shared with other processes), torch {mach['torch']}, "
-        f"{mach['torch threads']} threads, OMP_WAIT_POLICY {mach['OMP_WAIT_POLICY']}.", "",
-        "The tiny models of `tests/reach_models.py` (64x64 images, 32x32 for the ViTs, 16 tokens) at the batch "
-        "of the *batch* column (`reach_models.TABLE_BATCH` unless `--batch` is given: activations, not "
-        "parameters, make most of the plain peak there); *zoo/<name>*: the zoo model at `benchmarks/bench.py`'s "
-        "CPU configuration, trained with its task's loss inside the graph (cross-entropy: per image for the "
-        "classifiers, per pixel for the UNet, per token for GPT-2 small). "
-        "*plain*: measured peak of one training iteration (allocator level, `step_peak`) and, in brackets, "
-        "the simulated one that budgets are fractions of. *smallest*: `min_budget` in normal and full mode "
-        "as a fraction of the simulated plain peak (*not proven*: the solver's time limit ended the search). "
-        "*solved at*: the budget of the MONeT columns, 50 % or, when the mode's smallest feasible budget is "
-        "higher, 5 % of the plain peak above it (never above the plain peak unless the smallest is: "
-        "`table_budget`; at the smallest budget itself the solver buys the last bytes with any amount of "
-        "recomputation). Cells: measured peak MiB (/ plain measured) @ overhead, the median over interleaved "
-        "turns of the iteration time over plain PyTorch's of the turn, - 1 (`step_overhead`), and for MONeT "
-        "the solver's predicted overhead. Each model is measured in a fresh process of its own (unless `--in-process`). "
-        "*Chen*: `torch.utils.checkpoint` on round(sqrt(n)) segments of the model's sequence of units, or on "
-        "each block of a transformer's block list (`monet.profiling.baselines.checkpoint_blocks`; notes say which). "
-        "*torch.compile*: `aot_eager_decomp_partition` under `activation_memory_budget` b, the b among "
-        f"{', '.join(f'{x:g}' for x in COMPILE_BUDGETS)} whose measured peak is closest to MONeT normal's "
-        "(notes list every b's peak). CPU times on these shared cores drift by about 20 % between runs, "
-        "and iterations of these tiny models take milliseconds: overheads of a few percent are noise.", "",
-        table(results), "", prediction_table(results)])
+             "" if d["spread"] is None else f"{d['spread']:.1f}", "yes" if d["within"] else "**no**"]
+            for d in prediction_rows(results)]
 
 
 def parse_args(argv=None):
@@ -435,12 +384,13 @@ def parse_args(argv=None):
                    help="comma-separated names of tests/reach_models.py, or zoo/<name> (the zoo model at "
                         "benchmarks/bench.py's CPU configuration); 'zoo': every zoo model")
     p.add_argument("--no-peers", action="store_true", help="measure MONeT only (no Chen, no torch.compile)")
-    p.add_argument("--section", default=SECTION, help=f"markdown heading of the section written (default {SECTION!r})")
     p.add_argument("--batch", type=int, default=None,
                    help="batch size of every model (default: tests/reach_models.py's TABLE_BATCH, per model)")
     p.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve and per smallest-budget search")
     p.add_argument("--repeats", type=int, default=5, help="least timed iterations per side")
-    p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    p.add_argument("--csv", type=Path, default=ROOT / "benchmarks" / "results" / "reach.csv",
+                   help="raw results: the table's rows (the predictions go beside it, in <name>-prediction.csv), "
+                        "rewritten after every model (default %(default)s)")
     p.add_argument("--cache-dir", type=Path, default=None, help="measured-cost cache (default monet's)")
     p.add_argument("--in-process", action="store_true",
                    help="measure every model in this process (default: each in a fresh process of its own, "
@@ -496,7 +446,7 @@ def in_own_process(name: str, batch: int, args, log) -> Result:
     """``name``'s row measured in a fresh Python process (``spawn``), so that nothing the models
     before it left (allocator state, caches of torch.compile and of the executor, threads) reaches
     its timings: in whole-table runs in one process timm's ViT-Tiny was predicted 5-8 points over
-    its measured overhead, run alone 0.1-3.4 (BENCHMARKS.md, "Real models", 2026-11-26).  A child
+    its measured overhead, run alone 0.1-3.4.  A child
     that dies (out of memory ...) is the row's error."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -517,14 +467,16 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     log = bench.Log()
-    command = "python benchmarks/reach_table.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    prov = provenance(command_line("python benchmarks/reach_table.py", argv))
     t_start = time.perf_counter()
     results: list[Result] = []
+    predictions = args.csv.with_name(args.csv.stem + "-prediction.csv")
 
     def save(finished=False):
-        write_section(args.out, section(results, command, started, time.perf_counter() - t_start, finished,
-                                        args.section), args.section)
+        this_run = lambda old: all(old[k] == prov[k] for k in PROVENANCE)  # noqa: E731 - rewritten each time
+        append_rows(args.csv, [dict(zip(TABLE_HEADER, r)) for r in table_rows(results)], prov, replaces=this_run)
+        append_rows(predictions, [dict(zip(PREDICTION_HEADER, r)) for r in prediction_cells(results)], prov,
+                    replaces=this_run)
 
     for name in args.models:
         default_batch = (bench.CONFIGS[name[len(ZOO):]].batch_size if name.startswith(ZOO)
@@ -540,7 +492,7 @@ def main(argv=None) -> int:
         _release()
         save()
     save(finished=True)
-    log(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; wrote {args.out}")
+    log(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; wrote {args.csv} and {predictions}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The analytic cost source's workspace bound against the workspace measured on this machine's CPU.
 
-    python benchmarks/workspace_bound.py [--threads 2] [--batch 2] [--out BENCHMARKS.md]
+    python benchmarks/workspace_bound.py [--threads 2] [--batch 2] [--csv benchmarks/results/workspace-bound.csv]
 
 For every forward and backward node of six models (the zoo's ResNet-50 and MobileNetV2 at 3x64x64,
 and torchvision EfficientNet-B0, timm ConvNeXt-Atto and ViT-Tiny, transformers GPT-2 from
@@ -20,11 +20,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from monet.profiling.markdown import md_table, write_section
+from monet.profiling.markdown import md_table
+from monet.profiling.raw_results import append_rows, command_line, provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-SECTION = "## Workspace bound of the analytic cost source (CPU)"
 LIBRARY_MODELS = ("torchvision/efficientnet_b0", "timm/convnext_atto", "timm/vit_tiny_patch16_224",
                   "transformers/gpt2")
 
@@ -65,19 +65,17 @@ def measure(batch: int, threads: int) -> pd.DataFrame:
     return df
 
 
-def to_markdown(df: pd.DataFrame, argv: list[str], threads: int) -> str:
-    """The BENCHMARKS.md section: one row per family."""
+HEADER = ["family", "nodes", "largest measured MiB", "largest bound MiB", "max measured / bound", "node at the max ratio"]
+
+
+def family_rows(df: pd.DataFrame) -> list[dict]:
+    """One row of string cells (`HEADER`) per op family of the measured nodes ``df``."""
     t = df.groupby("family").agg(nodes=("measured", "size"), measured_max=("measured", "max"),
                                  bound_max=("bound", "max"), max_ratio=("ratio", "max"))
     worst = df.loc[df.groupby("family").ratio.idxmax()].set_index("family")
     rows = [[fam, str(int(r.nodes)), f"{r.measured_max / 2**20:.2f}", f"{r.bound_max / 2**20:.2f}",
              f"{r.max_ratio:.2f}", f"{worst.loc[fam, 'model']} `{worst.loc[fam, 'op']}`"] for fam, r in t.iterrows()]
-    head = (f"{SECTION}\n\n`python benchmarks/workspace_bound.py {' '.join(argv)}` ({threads} threads, "
-            f"torch {torch.__version__}): measured workspace against `monet.profiling.workspace`'s bound, "
-            "per op family; a ratio at or under 1 on every family is what keeps `--cost analytic`'s "
-            "schedules within their budget.\n\n")
-    return head + md_table(["family", "nodes", "largest measured MiB", "largest bound MiB", "max measured / bound",
-                            "node at the max ratio"], rows, "lrrrrl") + "\n"
+    return [dict(zip(HEADER, r)) for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/workspace_bound.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: torch's)")
     p.add_argument("--batch", type=int, default=2, help="batch size of every model")
-    p.add_argument("--out", type=Path, default=None, help="markdown file whose section is (re)written")
+    p.add_argument("--csv", type=Path, default=None, help="append the rows, with their provenance, to this raw "
+                   "results file (benchmarks/results/workspace-bound.csv: `benchmarks/report.py` renders it)")
     args = p.parse_args(argv)
-    text = to_markdown(measure(args.batch, args.threads), argv, args.threads)
-    print(text)
-    if args.out:
-        write_section(args.out, text, SECTION)
+    rows = family_rows(measure(args.batch, args.threads))
+    print(md_table(HEADER, [list(r.values()) for r in rows], "lrrrrl"))
+    if args.csv:
+        append_rows(args.csv, rows, provenance(command_line("python benchmarks/workspace_bound.py", argv)))
     return 0
 
 

@@ -432,8 +432,7 @@ def loss_outside_note(graph, eager_peak_bytes: int, remedy: str = LOSS_OUTSIDE_R
     caller computes from the outputs, and a language model's loss on its logits takes several
     times their bytes: GPT-2 small at width 128 with 4096 tokens, batch 2 x 128 (4 MiB of logits),
     measured 10 MiB over its schedule's 34 MiB budget with the mean square of the logits computed
-    outside, and under it with the cross-entropy traced in (BENCHMARKS.md, "Zoo models on the
-    CPU").  ``remedy``: the sentence that says what to do."""
+    outside, and under it with the cross-entropy traced in.  ``remedy``: the sentence that says what to do."""
     if graph.loss_output or graph.tangent_bytes < LOSS_OUTSIDE_FRACTION * eager_peak_bytes:
         return None
     return (f"the model's outputs ({graph.tangent_bytes / 2**20:.1f} MiB, "

@@ -4,8 +4,7 @@ The CPU cost sources charge each recomputation its measured operator time times 
 factor per graph (`monet.profiling.dispatch.recompute_factor`), measured once on Chen's sqrt(n)
 schedule.  On a shared CPU that factor, measured on one schedule on one occasion, did not hold for
 another schedule on another occasion: torchvision's EfficientNet-B0 measured 0.99 one day and 0.75
-the next, and its 50 % schedules were then predicted 8-11 points under their measured overhead
-(BENCHMARKS.md, "Earlier readings cited in the code").  So where the costs are measured on the
+the next, and its 50 % schedules were then predicted 8-11 points under their measured overhead.  So where the costs are measured on the
 CPU, `calibrated_solve` times the solved schedule itself against the executor keeping everything
 and plain PyTorch (interleaved, each iteration set against plain PyTorch's of its turn:
 `dispatch.paired_medians`), takes the ratio of its measured
@@ -181,7 +180,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     BENCHMARKS tables measure (`monet.profiling.check.paired_overhead`).  With ``K`` as the
     reference it was ``median(M / K) / median(P / K)``: +29.7 % to +34.5 % in four timings of
     the zoo's UNet normal-mode schedule where the paired ``median(M / P)`` of the table read
-    +22.9 % to +31.6 % in twelve (BENCHMARKS.md, "Earlier readings cited in the code")."""
+    +22.9 % to +31.6 % in twelve."""
     import time
 
     from monet.inputs import ExampleInputs
@@ -216,7 +215,7 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     its own measurement's (``total_time * M / K`` and `plain_reference_s`), even where the ratio is
     clipped (zoo VGG-16's full-mode schedule at 71 %, 8 recomputations, measured under half its
     predicted recomputation: scaled by the clipped x0.50 it was predicted +60.6 % and measured +50.1 %
-    and +47.7 %, BENCHMARKS.md, "Earlier readings cited in the code"), its ``cost_source`` ends in
+    and +47.7 %), its ``cost_source`` ends in
     ``calibrated x<its ratio>``, and its bound the first solve's at the calibrated costs
     (`calibrated_bound`), with the gap to it.  A schedule with too little recomputation to measure
     a ratio (under `dispatch.FACTOR_FLOOR` of the iteration) but some, or other implementations
@@ -227,7 +226,7 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
     measured +1.9 %).  So is a schedule that recomputes nothing and runs PyTorch's
     implementations (the executor keeping everything): its predicted overhead is the executor's
     own time over plain PyTorch's on this occasion (zoo VGG-16's, cached at costing, was +2.3 %
-    where the table measured -6.2 % and +1.8 %; BENCHMARKS.md, "Earlier readings cited in the code").
+    where the table measured -6.2 % and +1.8 %).
 
     Args:
         model, inputs: the module ``graph`` was captured from and its example inputs.

@@ -144,8 +144,8 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
         # K paired with P, as the calibration sets a schedule against plain PyTorch (`paired_medians`):
         # P times the median of K / P over the turns of every round.  From one round of its own (5
         # pairs where an iteration takes a second) one 24-layer GPT-2 costing read K / P 1.205 where
-        # +1 % to +7 % is usual, and every prediction of that costing was 12 to 25 points over
-        # (BENCHMARKS.md, "24 layers"); the rounds of Chen's schedule give three times the pairs
+        # +1 % to +7 % is usual, and every prediction of that costing was 12 to 25 points over;
+        # the rounds of Chen's schedule give three times the pairs
         # for one plain iteration more per turn
         k, p = paired_estimates(np.concatenate(rounds, axis=1)[1:], reference=1)
         m, k2 = median_of_rounds([r[:2] for r in rounds])
@@ -302,7 +302,7 @@ def recompute_factor(measured: dict, between_s: float, scale: float = 1.0) -> fl
 FACTOR_MIN, FACTOR_MAX, FACTOR_FLOOR = 0.5, 1.5, 0.05
 #: rounds of Chen's schedule against the executor keeping everything; the median round's times are
 #: the factor's: one round measured ShuffleNetV2's factor 0.68 and, another day, 0.93, and the 0.68
-#: put its 50 % schedule 25 points under the measured overhead (BENCHMARKS.md, "Recompute factor")
+#: put its 50 % schedule 25 points under the measured overhead (BENCHMARKS.md, "Cost model checks")
 FACTOR_ROUNDS = 3
 #: seconds of timed turns (every side, every round) `measure_iterations` aims at, and the fewest
 #: turns it times: `FACTOR_ROUNDS` rounds of `REPEATS` turns of a 12-layer GPT-2 small (hidden 768,

@@ -1,9 +1,6 @@
-"""Markdown for the generated parts of BENCHMARKS.md: GitHub tables and the sections they sit in
-(the zoo's section, `monet.zoo.report.write_markdown`, and the benchmarks' under ``benchmarks/``)."""
+"""GitHub markdown tables: the tables benchmarks/report.py writes into BENCHMARKS.md, and those the
+benchmarks and ``monet zoo plot`` print."""
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 
 def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
@@ -19,38 +16,3 @@ def md_table(header: list[str], rows: list[list[str]], align: str | None = None)
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def _section_end(lines: list[str], start: int) -> int:
-    """The index of the first line after ``lines[start]`` (a heading of level k) that is a heading
-    of level k or higher (fewer ``#``), outside fenced code blocks; ``len(lines)`` if none."""
-    level = len(lines[start]) - len(lines[start].lstrip("#"))
-    fenced = False
-    for i in range(start + 1, len(lines)):
-        line = lines[i]
-        if line.startswith("```"):
-            fenced = not fenced
-            continue
-        depth = len(line) - len(line.lstrip("#"))
-        if not fenced and 1 <= depth <= level and line[depth:depth + 1] == " ":
-            return i
-    return len(lines)
-
-
-def write_section(path: Path, text: str, section: str) -> None:
-    """Replace the section of the markdown file ``path`` headed by the line ``section`` (e.g.
-    ``"## Schedule zoo"``, up to the next heading of its level or a higher one: its subsections
-    go with it, its sibling sections stay) with ``text`` where it stands, or append ``text`` when
-    there is no such section; a missing file is created.  The file is replaced atomically (written
-    beside it, then renamed), so an interrupted run leaves the old one."""
-    path = Path(path)
-    lines = path.read_text().splitlines() if path.exists() else []
-    if section in lines:
-        start = lines.index(section)
-        end = _section_end(lines, start)
-        lines[start:end] = text.splitlines() + [""]
-    else:
-        lines += ([""] if lines else []) + text.splitlines()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines).rstrip("\n") + "\n")
-    os.replace(tmp, path)

@@ -332,7 +332,7 @@ class ContextTimer(fx.Interpreter):
     inputs; in an iteration it writes to memory the allocator hands out after other operators ran.
     On the CPU the two differ most for element-wise operators: MobileNetV2 (batch 8, 96x96) summed
     its ReLU6 nodes to 8.1 ms in a loop and 3.6 ms in an iteration (torch.profiler), its additions
-    to 6.2 ms and 0.4 ms (BENCHMARKS.md, "Real models", has what this did to the predicted overhead).
+    to 6.2 ms and 0.4 ms (BENCHMARKS.md, "Predicted against measured overhead", has the predictions).
     """
 
     def __init__(self, graph: OpGraph, device: torch.device, main: dict, times: dict):

@@ -189,7 +189,7 @@ def carried_record(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFrame
     GPT-2 2 to 20 ms) while ``K / P`` stayed within the pairs' spread (BENCHMARKS.md, "Executor
     tax (keep everything, CPU)"; `benchmarks/executor_tax.py`); carried as the copy's sum,
     the 48-layer BERT's tax in bf16 was predicted +0.4 % and measured +5.1 % and +5.7 %
-    (BENCHMARKS.md, "Deep networks").  Why the scale, both ways: the copy's operators, timed one by
+    (BENCHMARKS.md, "Deep networks", has the predictions since).  Why the scale, both ways: the copy's operators, timed one by
     one, are no good guess of the deep model's iteration, over or under.  Taken as they were, the
     48-layer GPT-2, Llama and BERT of the depth benchmark were predicted 6-13 points under their
     measured overhead at 50 % (plain iteration 0-8 % over the carried executor's); raised to meet

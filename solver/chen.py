@@ -7,7 +7,7 @@ first needs it; the activations then cost O(sqrt(n)).  Here the segments are eve
 count* over the forward nodes whose values a backward node reads (in topological order), as
 Chen's Sec. 4.1 does for a chain of n layers: by count rather than by bytes, so the schedule is
 the textbook one (`profiling.baselines.chen_sqrt_checkpoint` is the same idea as a
-`torch.utils.checkpoint` wrapper, measured in BENCHMARKS.md).  A recomputed node is kept from the
+`torch.utils.checkpoint` wrapper, measured beside monet by the benchmarks).  A recomputed node is kept from the
 stage that first recomputes it until its last reader, as ``torch.utils.checkpoint`` keeps a
 segment's recomputed activations for that segment's backward.
 

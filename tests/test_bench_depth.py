@@ -1,5 +1,5 @@
-"""benchmarks/depth.py's bookkeeping (no model is run): rows merged from an earlier run's CSV, and
-the plot drawn from CSV files."""
+"""benchmarks/depth.py's bookkeeping (no model is run): the plot drawn from CSV files, and a
+measuring run refused without the raw results file it appends to."""
 from __future__ import annotations
 
 import pandas as pd
@@ -17,19 +17,6 @@ def _rows(model: str, layers: int, measured: str) -> list[dict]:
             dict(cfg, method="transformers offload", error="RuntimeError: no pinned memory")]
 
 
-def test_merge_keeps_the_other_configurations_and_replaces_the_one_run(tmp_path):
-    csv = tmp_path / "depth.csv"
-    pd.DataFrame(_rows("gpt2", 12, "old") + _rows("llama", 12, "old")).to_csv(csv, index=False)
-    new = _rows("llama", 12, "new")
-    rows = depth.merged(new, csv)
-    assert [(r["model"], r["measured"]) for r in rows] == [("gpt2", "old")] * 4 + [("llama", "new")] * 4
-    assert "error" not in rows[0] and rows[3]["error"].startswith("RuntimeError")  # empty cells dropped
-    text = depth.table(rows)
-    assert text.count("| gpt2 |") == 4 and "0.39x" in text and "1 + 2 + 3" in text
-    with pytest.raises(SystemExit, match="--merge needs --csv"):
-        depth.merged(new, None)
-
-
 def test_the_plot_is_drawn_from_csv_files_alone(tmp_path):
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     pd.DataFrame(_rows("gpt2", 12, "a")).to_csv(a, index=False)
@@ -39,3 +26,9 @@ def test_the_plot_is_drawn_from_csv_files_alone(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="--from-csv needs --plot"):
         depth.main(["--from-csv", str(a)])
+
+
+def test_a_measuring_run_needs_its_raw_results_file(capsys):
+    with pytest.raises(SystemExit):
+        depth.main(["--models", "gpt2", "--layers", "2"])
+    assert "--csv is required" in capsys.readouterr().err

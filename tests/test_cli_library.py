@@ -1,6 +1,6 @@
 """The library pieces the command line is built on: `monet.models.build`, `monet.profiling.training`
 (the demo's loss), `monet.profiling.comparison` and `.frontier` (the demo's rows and plot),
-`monet.profiling.sources.gpu_spec_for_hybrid` and `monet.profiling.markdown.write_section`."""
+and `monet.profiling.sources.gpu_spec_for_hybrid`."""
 import copy
 
 import pytest
@@ -9,7 +9,6 @@ from torch import nn
 
 from monet.inputs import ExampleInputs
 from monet.models import build, input_info
-from monet.profiling.markdown import write_section
 from monet.profiling.sources import gpu_spec_for_hybrid
 from monet.profiling.comparison import MethodResult, Training
 from monet.profiling.frontier import frontier_plot
@@ -100,25 +99,3 @@ def test_frontier_plot_writes_a_png(tmp_path):
 
 def test_gpu_spec_for_hybrid_on_the_cpu_is_its_own():
     assert gpu_spec_for_hybrid("cpu") is None
-
-
-def test_write_section_replaces_in_place_and_appends(tmp_path):
-    md = tmp_path / "B.md"
-    md.write_text("# B\n\n## One\n\nold\n\n## Two\n\nkept\n")
-    write_section(md, "## One\n\nnew", "## One")
-    assert md.read_text() == "# B\n\n## One\n\nnew\n\n## Two\n\nkept\n"
-    write_section(md, "## Three\n\nthird", "## Three")
-    assert md.read_text().endswith("## Two\n\nkept\n\n## Three\n\nthird\n")
-    write_section(tmp_path / "new.md", "## Only\n\ntext", "## Only")
-    assert (tmp_path / "new.md").read_text() == "## Only\n\ntext\n"
-
-
-def test_write_section_of_a_subsection_keeps_its_siblings(tmp_path):
-    """A ``###`` section ends at the next ``###`` or ``##`` heading (not inside a code block): its
-    sibling subsections stay (the depth benchmark's ``--section '### 12 layers, bf16 autocast'``
-    once replaced the 24-, 48- and 96-layer sections after it)."""
-    md = tmp_path / "B.md"
-    md.write_text("## Deep\n\nintro\n\n### 12\n\nold\n\n```\n# a comment\n```\n\n#### 12 detail\n\nx\n\n"
-                  "### 24\n\nkept\n\n## Next\n\nkept too\n")
-    write_section(md, "### 12\n\nnew", "### 12")
-    assert md.read_text() == "## Deep\n\nintro\n\n### 12\n\nnew\n\n### 24\n\nkept\n\n## Next\n\nkept too\n"

@@ -182,17 +182,21 @@ def test_verify_command(use_tiny_zoo, capsys):
     assert "2 of 2 entries pass" in capsys.readouterr().out
 
 
-def test_plot_and_markdown(use_tiny_zoo, tmp_path):
+def test_plot_and_raw_rows(use_tiny_zoo, tmp_path):
+    import pandas as pd
+
+    from monet.profiling.raw_results import PROVENANCE
+
     records = load_index()
     png = zr.plot_frontier(records, tmp_path / "docs" / "frontier.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    md = tmp_path / "BENCHMARKS.md"
-    md.write_text("# Benchmarks\n\n## Other\n\ntext\n")
-    for _ in range(2):  # rewriting replaces the section
-        zr.write_markdown(records, md, png)
-    text = md.read_text()
-    assert text.count(zr.SECTION) == 1 and "## Other" in text
-    assert "](docs/frontier.png)" in text and TINY.entry_name("70%") in text
+    path = tmp_path / "zoo.csv"
+    for _ in range(2):  # the zoo is rebuilt whole: rewriting replaces every earlier row
+        zr.write_csv(records, path, "monet zoo plot -o x.png --csv zoo.csv")
+    rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+    assert sorted(rows.entry) == sorted(r["name"] for r in records) and TINY.entry_name("70%") in set(rows.entry)
+    assert list(rows.columns) == zr.HEADER + list(PROVENANCE)
+    assert set(rows.command) == {"monet zoo plot -o x.png --csv zoo.csv"}
     assert "| entry | model (batch) |" in zr.markdown_table(records)
 
 

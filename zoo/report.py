@@ -1,5 +1,5 @@
-"""The zoo's frontier plot (`plot_frontier`) and its markdown table and section (`markdown_table`,
-`write_markdown`)."""
+"""The zoo's frontier plot (`plot_frontier`), its table (`table_rows`, `markdown_table`) and its raw
+results file (`write_csv`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,52 +52,37 @@ def plot_frontier(records: list[dict], out: Path | str) -> Path:
     return out
 
 
-def markdown_table(records: list[dict]) -> str:
-    """The zoo as a GitHub markdown table (`monet.profiling.markdown.md_table`): per entry its
-    budget, predicted and plain peaks (GiB), predicted overhead, status, the solver's gap to its own
-    bound, the gap to the best schedule known (`monet.zoo.index.vs_best_text`: "-" for records
-    without one), solve time (s) and costs."""
-    from monet.profiling.markdown import md_table
+HEADER = ["entry", "model (batch)", "budget", "predicted peak GiB", "plain peak GiB", "predicted overhead", "status",
+          "gap", "vs best known", "solve s", "costs"]
 
-    header = ["entry", "model (batch)", "budget", "predicted peak GiB", "plain peak GiB", "predicted overhead",
-              "status", "gap", "vs best known", "solve s", "costs"]
+
+def table_rows(records: list[dict]) -> list[dict]:
+    """One row of string cells (`HEADER`) per zoo entry: its budget, predicted and plain peaks (GiB),
+    predicted overhead, status, the solver's gap to its own bound, the gap to the best schedule known
+    (`monet.zoo.index.vs_best_text`: "-" for records without one), solve time (s) and costs."""
     rows = []
     for r in records:
         budget = r["budget"] if r["budget"] != "min" else (
             f"min {r['budget_bytes'] / GiB:.2f} GiB (for {', '.join(r.get('substitute_for') or [])})")
-        rows.append([r["name"], _model_label(r), budget, f"{r['predicted_peak_bytes'] / GiB:.2f}",
-                     f"{r['eager_peak_bytes'] / GiB:.2f}", pct(r.get("predicted_overhead")), r["status"],
-                     "-" if r.get("gap") is None else f"{100 * r['gap']:.2f} %", vs_best_text(r),
-                     f"{r.get('solve_time_s', 0):.0f}", r["cost_source"]])
-    return md_table(header, rows, "lllrrrlllrl")
+        rows.append(dict(zip(HEADER, [
+            r["name"], _model_label(r), budget, f"{r['predicted_peak_bytes'] / GiB:.2f}",
+            f"{r['eager_peak_bytes'] / GiB:.2f}", pct(r.get("predicted_overhead")), r["status"],
+            "-" if r.get("gap") is None else f"{100 * r['gap']:.2f} %", vs_best_text(r),
+            f"{r.get('solve_time_s', 0):.0f}", r["cost_source"]])))
+    return rows
 
 
-SECTION = "## Schedule zoo"
+def markdown_table(records: list[dict]) -> str:
+    """The zoo as a GitHub markdown table of `table_rows`."""
+    from monet.profiling.markdown import md_table
+
+    return md_table(HEADER, [list(r.values()) for r in table_rows(records)], "lllrrrlllrl")
 
 
-def markdown_section(records: list[dict], image: str | None) -> str:
-    """The BENCHMARKS.md section: how to regenerate, the frontier plot, the table."""
-    n = len(records)
-    text = [SECTION, "",
-            f"{n} prebuilt schedules (`monet zoo list`), predicted by the simulator with the costs each entry "
-            "names: predicted, not measured. Regenerate the zoo, then this section and its plot:", "",
-            "```", "monet zoo build", "monet zoo plot -o docs/zoo_frontier.png --markdown BENCHMARKS.md", "```", ""]
-    if image:
-        text += [f"![predicted peak vs overhead per model]({image})", ""]
-    text += [markdown_table(records) if records else "(the zoo is empty)", ""]
-    return "\n".join(text)
+def write_csv(records: list[dict], path: Path | str, command: str) -> Path:
+    """(Re)write the raw results file ``path`` (benchmarks/results/zoo.csv) with `table_rows` and the
+    provenance of ``command``: the zoo is rebuilt whole, so its earlier rows are all replaced."""
+    from monet.profiling.raw_results import append_rows, provenance
 
-
-def write_markdown(records: list[dict], markdown: Path | str, image: Path | str | None) -> Path:
-    """(Re)write the zoo section of ``markdown`` (e.g. BENCHMARKS.md); the image link is relative
-    to the markdown file's folder."""
-    import os
-
-    from monet.profiling.markdown import write_section
-
-    markdown = Path(markdown)
-    rel = None
-    if image is not None:
-        rel = Path(os.path.relpath(Path(image).resolve(), markdown.resolve().parent)).as_posix()
-    write_section(markdown, markdown_section(records, rel), SECTION)
-    return markdown
+    append_rows(Path(path), table_rows(records), provenance(command), replaces=lambda old: True)
+    return Path(path)

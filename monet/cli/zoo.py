@@ -1,6 +1,7 @@
 """monet zoo: the prebuilt schedules: list, get, build, verify, plot."""
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ examples:
   monet zoo build --record-best                       # ... and write new best schedules into best_known.csv
   monet zoo build --models vgg16 --budgets 10GB --time-limit 60 --out-dir /tmp/zoo
   monet zoo verify                                    # every entry: loads, fingerprint, simulated peak
-  monet zoo plot -o docs/zoo_frontier.png --markdown BENCHMARKS.md
+  monet zoo plot -o docs/zoo_frontier.png --csv benchmarks/results/zoo.csv
 
 In Python: MONeTWrapper(model, "zoo:resnet50-184-6GB", input_shape=(3, 224, 224)).
 """
@@ -75,8 +76,9 @@ def add_arguments(p) -> None:
     z.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     z = zoo.add_parser("plot", help="plot the predicted frontier (peak vs overhead) per model; markdown table")
     z.add_argument("-o", "--output", required=True, metavar="FILE.png", help="PNG to write")
-    z.add_argument("--markdown", type=Path, default=None, metavar="FILE.md",
-                   help="(re)write the '## Schedule zoo' section of this file (e.g. BENCHMARKS.md)")
+    z.add_argument("--csv", type=Path, default=None, metavar="FILE.csv",
+                   help="(re)write the zoo's rows, with their provenance, to this raw results file "
+                        "(benchmarks/results/zoo.csv, which `python benchmarks/report.py` renders)")
     z.add_argument("--root", type=Path, default=None, metavar="DIR", help="zoo folder (default the installed zoo)")
 
 
@@ -137,8 +139,6 @@ def _zoo_build(args) -> int:
         raise CLIError(str(e)) from None
     command = None
     if args.record_best:
-        import shlex
-
         command = "monet " + shlex.join(args.argv)
     records, failures = zb.build(configs, root=args.out_dir, time_limit=args.time_limit, gap=args.gap,
                                  solver=args.solver, jobs=args.jobs, skip_existing=args.skip_existing,
@@ -188,9 +188,9 @@ def _zoo_plot(args) -> int:
         raise CLIError("the zoo is empty: build it with 'monet zoo build' first")
     out = zr.plot_frontier(records, args.output)
     log(f"wrote {out}")
-    if args.markdown:
-        zr.write_markdown(records, args.markdown, out)
-        log(f"wrote the zoo section of {args.markdown}")
+    if args.csv:
+        zr.write_csv(records, args.csv, "monet " + shlex.join(args.argv))
+        log(f"wrote the zoo's rows to {args.csv}")
     else:
         print(zr.markdown_table(records))
     return 0

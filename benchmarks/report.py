@@ -1,0 +1,354 @@
+"""BENCHMARKS.md, generated from the raw results in benchmarks/results/.
+
+    python benchmarks/report.py            # (re)writes BENCHMARKS.md
+    python benchmarks/report.py --check    # exit status 1 when BENCHMARKS.md is not what the results give
+
+The benchmarks write raw results only: one CSV row per measured method (or, for the GPU, one JSON
+object per model), each row with the columns `PROVENANCE` (date in UTC, machine, torch release and
+the command that measured it).  This script is the only writer of BENCHMARKS.md: one section per
+claim, each table captioned with the provenance of its rows.  Every results file must be read by
+a section (`SECTIONS`), so a result nobody renders is refused rather than silently left out.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "BENCHMARKS.md"
+COMMAND = "python benchmarks/report.py"
+PROVENANCE = ("date", "machine", "torch", "command")
+MiB = 2 ** 20
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+def read(name: str) -> pd.DataFrame:
+    """The rows of ``benchmarks/results/<name>`` as strings (empty cells as ``""``), in file order.
+
+    Raises:
+        FileNotFoundError: no such results file.
+        ValueError: the file lacks one of the `PROVENANCE` columns."""
+    frame = pd.read_csv(RESULTS / name, dtype=str, keep_default_na=False)
+    missing = [c for c in PROVENANCE if c not in frame.columns]
+    if missing:
+        raise ValueError(f"benchmarks/results/{name} has no {', '.join(missing)} column: every raw row "
+                         f"carries its provenance {PROVENANCE}")
+    return frame
+
+
+def caption(frame: pd.DataFrame) -> str:
+    """One italic line per distinct provenance of ``frame``'s rows: date, machine, torch, command."""
+    seen = dict.fromkeys(tuple(r) for r in frame[list(PROVENANCE)].itertuples(index=False))
+    return "\n".join(f"*{date} UTC; {machine}; torch {torch}; `{command}`*" for date, machine, torch, command in seen)
+
+
+def cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without its provenance columns."""
+    return frame.drop(columns=list(PROVENANCE))
+
+
+# --- formatting -------------------------------------------------------------------------------------
+
+def mib(value: str) -> str:
+    """Bytes as MiB with one decimal; ``-`` for an empty cell."""
+    return "-" if value in ("", None) else f"{float(value) / MiB:.1f}"
+
+
+def pct(value: str) -> str:
+    """A fraction as a signed percentage with one decimal; ``-`` for an empty cell."""
+    return "-" if value in ("", None) else f"{100 * float(value):+.1f} %"
+
+
+def markdown(frame: pd.DataFrame, right: tuple[str, ...] = ()) -> str:
+    """``frame`` (string cells) as a GitHub table, the columns named in ``right`` right-aligned."""
+    from monet.profiling.markdown import md_table
+
+    align = "".join("r" if c in right else "l" for c in frame.columns)
+    return md_table([str(c) for c in frame.columns], frame.astype(str).values.tolist(), align)
+
+
+def block(frame: pd.DataFrame, shown: pd.DataFrame | None = None, right: tuple[str, ...] = (),
+          title: str = "") -> list[str]:
+    """A table of ``shown`` (default: ``frame``'s cells) with ``frame``'s caption under it."""
+    shown = cells(frame) if shown is None else shown
+    head = [f"**{title}**", ""] if title else []
+    return head + [markdown(shown, right), "", caption(frame), ""]
+
+
+# --- the sections' tables ---------------------------------------------------------------------------
+
+def as_is(*names: str, right: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> Callable[[], list[str]]:
+    """Each file's rows as they are (less the columns ``drop``), one table per run (provenance)."""
+    def tables() -> list[str]:
+        out = []
+        for name in names:
+            for _, run in read(name).groupby(list(PROVENANCE), sort=False):
+                out += block(run, cells(run).drop(columns=list(drop)), right=right)
+        return out
+    return tables
+
+
+DEPTH_FILES = tuple(f"depth-{layers}{dtype}.csv" for dtype in ("", "-bf16") for layers in (12, 24, 48, 96))
+
+
+def _depth_frames(names=DEPTH_FILES) -> pd.DataFrame:
+    return pd.concat([read(n) for n in names], ignore_index=True).fillna("")
+
+
+def _plain_peaks(frame: pd.DataFrame) -> dict[tuple, float]:
+    plain = frame[frame.method == "plain PyTorch"]
+    return {(r.model, r.layers, r.dtype): float(r.peak) for r in plain.itertuples() if r.peak}
+
+
+def _config(r) -> tuple:
+    return r.model, r.layers, r.dtype
+
+
+def depth_at_peers() -> list[str]:
+    """Per configuration and peer: the peer's measured peak and overhead, and monet's at that peak."""
+    frame = _depth_frames()
+    plain = _plain_peaks(frame)
+    by_method = {(_config(r), r.method): r for r in frame.itertuples()}
+    rows = []
+    for r in frame.itertuples():
+        if r.method in ("plain PyTorch",) or r.method.startswith("monet") or r.error:
+            continue
+        ours = by_method.get((_config(r), f"monet at {r.method}"))
+        base = plain.get(_config(r))
+        won = "-" if ours is None or ours.error or not ours.overhead else (
+            "yes" if float(ours.overhead) <= float(r.overhead) else "**no**")
+        rows.append({"model": r.model, "layers": r.layers, "dtype": r.dtype, "method": r.method,
+                     "peak MiB": mib(r.peak), "of plain": f"{float(r.peak) / base:.2f}x" if base else "-",
+                     "its overhead": pct(r.overhead), "monet's": "-" if ours is None else pct(ours.overhead),
+                     "faster": won, "gradients": "-" if ours is None else ours.grads})
+    return [markdown(pd.DataFrame(rows), ("layers", "peak MiB", "of plain", "its overhead", "monet's")), ""]
+
+
+def _monet_rows(frame: pd.DataFrame, keep: Callable[[str], bool]) -> pd.DataFrame:
+    plain = _plain_peaks(frame)
+    rows = []
+    for r in frame.itertuples():
+        if not keep(r.method):
+            continue
+        base = plain.get(_config(r))
+        if r.error:
+            rows.append({"model": r.model, "layers": r.layers, "dtype": r.dtype, "method": r.method,
+                         "budget MiB": mib(r.budget), "peak MiB": "-", "of plain": "-", "overhead": "-",
+                         "predicted": "-", "gradients": r.error[:80]})
+            continue
+        rows.append({"model": r.model, "layers": r.layers, "dtype": r.dtype, "method": r.method,
+                     "budget MiB": mib(r.budget), "peak MiB": mib(r.peak),
+                     "of plain": f"{float(r.peak) / base:.2f}x" if base and r.peak else "-",
+                     "overhead": "-" if r.method == "plain PyTorch" else pct(r.overhead),
+                     "predicted": pct(r.predicted_overhead), "gradients": r.grads})
+    return pd.DataFrame(rows)
+
+
+_RIGHT = ("layers", "budget MiB", "peak MiB", "of plain", "overhead", "predicted")
+
+
+def depth() -> list[str]:
+    """At each peer's peak (`depth_at_peers`), then monet at its own budgets (50 % of plain PyTorch's
+    simulated peak, ``min``), predicted and measured; one caption for both."""
+    frame = _depth_frames()
+    own = _monet_rows(frame, lambda m: m in ("monet 50%", "monet min"))
+    return (depth_at_peers() + ["monet at its own budgets:", "", markdown(own, _RIGHT), "", caption(frame), ""])
+
+
+def gpt2_small() -> list[str]:
+    frame = read("gpt2-small-cpu.csv")
+    return [markdown(_monet_rows(frame, lambda m: True), _RIGHT), "", caption(frame), ""]
+
+
+def compiled() -> list[str]:
+    """Per configuration of compiled.csv: every method against plain ``torch.compile``."""
+    frame = read("compiled.csv")
+    out = []
+    for (model, layers, dtype), group in frame.groupby(["model", "layers", "dtype"], sort=False):
+        plain = next((float(r.peak) for r in group.itertuples() if r.method == "torch.compile" and r.peak), None)
+        drift = {r.method[:-len(" (losses)")]: r.loss_drift for r in group.itertuples()
+                 if r.method.endswith(" (losses)")}
+        rows = []
+        for r in group.itertuples():
+            if r.method.endswith(" (losses)"):
+                continue
+            failed = r.error.splitlines()[0][:90] if r.error else ""
+            rows.append({"method": r.method, "budget MiB": mib(r.budget), "peak MiB": mib(r.peak),
+                         "of torch.compile": f"{float(r.peak) / plain:.2f}x" if plain and r.peak else "-",
+                         "overhead": "-" if r.method == "torch.compile" else pct(r.overhead),
+                         "predicted": pct(r.predicted_overhead),
+                         "start-up s": f"{float(r.startup_s):.0f}" if r.startup_s else "-",
+                         "gradients": failed or r.grads or "-",
+                         "loss drift": f"{float(drift[r.method]):.1e}" if drift.get(r.method) else "-"})
+        first = group.iloc[0]
+        size = ("the demo's ResNet-50 (base width 16)" if model == "resnet" else
+                f"{layers} layers, hidden {first['hidden']}, {first['batch']} x {first['seq']} tokens")
+        out += block(group, pd.DataFrame(rows), ("budget MiB", "peak MiB", "of torch.compile", "overhead",
+                                                 "predicted", "start-up s"), title=f"{model}, {dtype} ({size})")
+    return out
+
+
+def gpu() -> list[str]:
+    """Each model measured on a GPU (benchmarks/results/gpu/*.json, written by gpu_table.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_table import model_frame
+
+    out = []
+    for path in sorted((RESULTS / "gpu").glob("*.json")):
+        res = json.loads(path.read_text())
+        c = res["config"]
+        amp = f"{c['autocast']} autocast" if c["autocast"] else "fp32"
+        out += [f"**{c['model']}, batch {c['batch_size']}, input {'x'.join(map(str, c['input_shape']))}, {amp}**", "",
+                markdown(model_frame(res), ("budget GiB", "predicted GiB", "allocated GiB", "reserved GiB",
+                                            "reserved / allocated", "overhead", "grad. error")), "",
+                f"*{res['date']} UTC; {res['device_name']}; torch {res['torch']}; `{res['command']}`; "
+                f"PYTORCH_CUDA_ALLOC_CONF {res['alloc_conf']}*", ""]
+    return out
+
+
+# --- the document -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Section:
+    """One claim: a heading, what its tables measure (reference text, no figures), its tables and
+    the results files they read (relative to benchmarks/results)."""
+    title: str
+    text: str
+    tables: Callable[[], list[str]]
+    files: tuple[str, ...]
+
+
+MEASURED = ("Peak: one training iteration at the allocator, parameters and gradients included "
+            "(`monet.profiling.check.step_peak`). Overhead: the median of paired, interleaved iterations "
+            "against the reference in one process, minus 1 (`monet.profiling.check.step_overhead`). "
+            "Predicted: the solver's iteration time over the reference's. Gradients: the largest relative "
+            "difference from the reference's after one step, `bitwise` where equal.")
+
+SECTIONS = (
+    Section("GPU", "ResNet-50 at MONeT's batch 184 on a GPU, every schedule against plain PyTorch. Allocated: "
+            "peak `max_memory_allocated` of one iteration after warm-up; reserved: peak `max_memory_reserved`; "
+            "fits: allocated at or under the budget; grad. error: relative L2 error of all gradients; MONeT "
+            "(P100): the published figure (16 GB P100, fp32, PyTorch 1.5.1) at the same budget.",
+            gpu, ("gpu/resnet50.json",)),
+    Section("The demo (CPU)", "`monet demo`: the quarter-width ResNet-50 (batch 64, 3x64x64) trained by each "
+            "method from the same weights; budgets are fractions of plain PyTorch's simulated peak.",
+            as_is("demo.csv", right=("budget MiB", "predicted MiB", "peak MiB", "% of plain", "predicted overhead",
+                                     "overhead")), ("demo.csv",)),
+    Section("Deep networks", "transformers' GPT-2, Llama and BERT built from a config (hidden 256, 2 x 256 "
+            "tokens, vocabulary 1024), 12 to 96 layers, fp32 and bf16 autocast, each configuration in a process "
+            "of its own (`benchmarks/depth.py`). The peers are transformers' activation checkpointing every 1, 2 "
+            "or 4 layers and with offload, torch's selective checkpointing with torchtitan's policy, and "
+            "`torch.compile`'s activation memory budget 0.5; monet is solved at each peer's measured peak. "
+            "The reference is plain PyTorch. The first table compares overheads at each peer's peak; the second "
+            "gives monet at 50 % of plain PyTorch's simulated peak and at `budget=\"min\"`, predicted beside "
+            "measured.\n\n![overhead against measured peak](docs/depth.png)", depth, DEPTH_FILES),
+    Section("GPT-2 small on the CPU", "transformers' GPT-2 small (12 x 768, vocabulary 50,257, 2 x 512 tokens), "
+            "with and without the chunked language-model loss (`lm_loss=\"chunked\"`), against per-block "
+            "checkpointing. The reference is plain PyTorch.", gpt2_small, ("gpt2-small-cpu.csv",)),
+    Section("Compiled: monet against torch.compile (CPU)", "`monet.optimize(..., compile=True)` against what a "
+            "`torch.compile` user has (`benchmarks/compiled.py`): `activation_memory_budget` 0.5, 0.3 and 0.1, "
+            "and transformers' per-block checkpointing under `torch.compile`. The reference is plain "
+            "`torch.compile` (Inductor, no budget). Start-up: `monet.optimize` plus the first step; loss drift "
+            "(bf16): the largest relative difference of the loss from the reference's over 20 SGD steps.",
+            compiled, ("compiled.csv",)),
+    Section("Gradient precision", "The largest relative gradient difference after one step on the demo's "
+            "ResNet-50, against eager PyTorch and against `torch.compile`, in float32 and float64: a gap that "
+            "shrinks with the precision is rounding, not a different computation.",
+            as_is("gradient_precision.csv"), ("gradient_precision.csv",)),
+    Section("Real models (torchvision, timm, transformers)", "The tiny models of `tests/reach_models.py` and the "
+            "zoo's models at their CPU configuration (`benchmarks/reach_table.py`): the smallest budgets in "
+            "normal and full mode, and monet's overhead beside Chen's and `torch.compile`'s. The reference is "
+            "plain PyTorch.", as_is("reach.csv", "zoo-models.csv", drop=("notes",)), ("reach.csv", "zoo-models.csv")),
+    Section("Predicted against measured overhead", "The same schedules: the cost model's prediction, the "
+            "calibrated one and two measurements (*points*: |predicted - measured| in percentage points).",
+            as_is("reach-prediction.csv", "zoo-models-prediction.csv"),
+            ("reach-prediction.csv", "zoo-models-prediction.csv")),
+    Section("Solver at full scale", "MONeT's five CNNs at their batch sizes and GPT-2 small at 8 x 1024, at 70 "
+            "to 33 % of the simulated plain peak and at the smallest budget, full mode, analytic P100 costs "
+            "(`benchmarks/bench_solver.py`): the objective against the LP bound and against the best schedule "
+            "known (`benchmarks/best_known.csv`).", as_is("solver.csv"), ("solver.csv",)),
+    Section("Schedule zoo", "The prebuilt schedules (`monet zoo list`), predicted by the simulator with the "
+            "costs each entry names, not measured.\n\n![predicted peak against overhead](docs/zoo_frontier.png)",
+            as_is("zoo.csv"), ("zoo.csv",)),
+    Section("monet.optimize: wall time", "`monet.optimize(model, inputs, budget, time_limit=T)` from the call to "
+            "its return, split into capture, costs, solve and calibration (`benchmarks/optimize_walltime.py`).",
+            as_is("optimize-walltime-deep.csv"), ("optimize-walltime-deep.csv",)),
+    Section("Executor tax (keep everything, CPU)", "What monet's executor costs beyond plain PyTorch when its "
+            "schedule keeps every activation (`benchmarks/executor_tax.py`), one thread, this process's CPU "
+            "time.", as_is("executor-tax.csv"), ("executor-tax.csv",)),
+    Section("Cost model checks (CPU)", "The workspace bound of the analytic cost source against measured "
+            "workspaces per operator family (`benchmarks/workspace_bound.py`), and the recompute factor "
+            "measured on Chen's schedule against the solved schedules' measured overheads "
+            "(`benchmarks/recompute_factor.py`).", as_is("workspace-bound.csv", "recompute-factor.csv"),
+            ("workspace-bound.csv", "recompute-factor.csv")),
+)
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a heading."""
+    keep = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -_")
+    return keep.replace(" ", "-")
+
+
+def results_files() -> list[str]:
+    """The results files a section must read: the CSVs under benchmarks/results and the GPU's JSONs."""
+    return sorted([p.name for p in RESULTS.glob("*.csv")] + [f"gpu/{p.name}" for p in (RESULTS / "gpu").glob("*.json")])
+
+
+def render() -> str:
+    """BENCHMARKS.md's text.
+
+    Raises:
+        ValueError: a results file that no section reads, or a section reading a file that is not there."""
+    read_by = {f for s in SECTIONS for f in s.files}
+    unread = [f for f in results_files() if f not in read_by]
+    absent = sorted(f for f in read_by if not (RESULTS / f).exists())
+    if unread or absent:
+        raise ValueError("benchmarks/report.py: " + "; ".join(
+            [f"benchmarks/results/{f} is read by no section (add it to SECTIONS or delete it)" for f in unread] +
+            [f"benchmarks/results/{f} is named by a section but missing" for f in absent]))
+    lines = ["# Benchmarks", "",
+             f"Generated by `{COMMAND}` from the raw results in [benchmarks/results](benchmarks/results); "
+             "do not edit it by hand. Each table's caption gives the date, machine, torch release and command of "
+             "its rows. " + MEASURED, "",
+             "| section | results |", "| --- | --- |"]
+    lines += [f"| [{s.title}](#{anchor(s.title)}) | {', '.join(f'`{f}`' for f in s.files[:2])}"
+              f"{' ...' if len(s.files) > 2 else ''} |" for s in SECTIONS]
+    lines.append("")
+    for s in SECTIONS:
+        lines += [f"## {s.title}", "", s.text, ""] + s.tables()
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="BENCHMARKS.md is only ever written by this command.")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 (with a diff) when BENCHMARKS.md differs from what the results give")
+    p.add_argument("--out", type=Path, default=OUT, help="the file to write or check (default: BENCHMARKS.md)")
+    args = p.parse_args(argv)
+    text = render()
+    if args.check:
+        old = args.out.read_text() if args.out.exists() else ""
+        if old == text:
+            return 0
+        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                   str(args.out), "generated", n=1))
+        print(f"{args.out} is not what the results give: run `{COMMAND}`", file=sys.stderr)
+        return 1
+    args.out.write_text(text)
+    print(f"wrote {args.out} ({len(text):,} characters)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
