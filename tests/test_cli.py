@@ -3,10 +3,12 @@ import contextlib
 import io
 import json
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
 
+import pandas as pd
 import pytest
 import torch
 
@@ -299,8 +301,15 @@ def test_demo_on_a_small_model(model_arg, workdir, capsys):
     plot = workdir / "frontier.png"
     assert main(["demo", "--model", model_arg, "--batch-size", "2", "--input-shape", "3,16,16",
                  "--budgets", "50%,40%", "--time-limit", "10", "--repeats", "1", "--steps", "2",
-                 "--device", "cpu", "--plot", str(plot), "--cache-dir", str(workdir / "cache")]) == 0
+                 "--device", "cpu", "--plot", str(plot), "--cache-dir", str(workdir / "cache"),
+                 "--csv", str(workdir / "demo.csv")]) == 0
     captured = capsys.readouterr()
+    raw = pd.read_csv(workdir / "demo.csv", dtype=str, keep_default_na=False)  # the table's rows, with provenance
+    assert list(raw.method) == ["plain PyTorch", "Chen sqrt(n)", "torch.compile 0.5", "monet 50%", "monet 40%"]
+    assert set(raw.command) == {"monet demo " + shlex.join(
+        ["--model", model_arg, "--batch-size", "2", "--input-shape", "3,16,16", "--budgets", "50%,40%", "--time-limit",
+         "10", "--repeats", "1", "--steps", "2", "--device", "cpu", "--plot", str(plot), "--cache-dir",
+         str(workdir / "cache"), "--csv", str(workdir / "demo.csv")])}
     rows = {}
     for line in captured.out.splitlines():
         for method in ("plain PyTorch", "Chen sqrt(n)", "torch.compile 0.5", "monet 50%", "monet 40%"):

@@ -83,6 +83,9 @@ def add_arguments(p) -> None:
     # where 10 s finds +34 % (138)
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
                    help="solver time limit per solve (default %(default)g)")
+    p.add_argument("--csv", type=Path, default=None, metavar="FILE.csv",
+                   help="also append the table's rows, with their date, machine, torch release and command, to "
+                        "this raw results file (benchmarks/results/demo.csv renders into BENCHMARKS.md)")
     p.add_argument("--plot", type=Path, default=Path("monet_demo.png"), metavar="PATH",
                    help="where to write the frontier plot (PNG)")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -286,6 +289,12 @@ def run(args) -> int:
     print(f"{name}, inputs {x.describe()}, {device}; monet in {args.mode} mode, budgets of plain PyTorch's "
           f"simulated peak ({plan.eager_peak_bytes / MiB:.1f} MiB)")
     _print_table(ordered)
+    if args.csv:
+        from monet.profiling.raw_results import append_rows, command_line, provenance
+
+        rows = results_table(ordered, ordered[0].peak_bytes).to_dict("records")
+        append_rows(args.csv, rows, provenance(command_line("monet demo", getattr(args, "argv", [])[1:])))
+        log(f"appended {len(rows)} rows to {args.csv}")
     with timed_step(f"plotting the frontier to {args.plot}"):
         try:
             frontier_plot(ordered, args.plot, title=f"{name}, inputs {x.describe()}, {device}")
