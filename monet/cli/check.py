@@ -86,12 +86,9 @@ def run(args) -> int:
     """
     import torch
 
-    from monet import mixed_precision
     from monet.profiling import check as chk
-    from monet.solution import SolutionMismatchError, describe, load_solution
-    from monet.wrapper import MONeTWrapper
-
     from monet.profiling.trace import is_trace_file
+    from monet.solution import describe, load_solution
 
     if is_trace_file(args.file):
         return _replay(args)
@@ -100,9 +97,51 @@ def run(args) -> int:
     model_name = args.model or meta.model
     if not model_name:
         raise CLIError(f"{args.file} does not name its model: pass --model MODEL")
-    do_all = not (args.check_diff or args.check_runtime or args.run_bs)
-    want_diff, want_bs, want_rt = (args.check_diff or do_all, args.run_bs or do_all,
-                                   args.check_runtime or do_all)
+    device = _check_device(args, meta)
+    amp = getattr(meta, "autocast", None)  # checked under the autocast it was solved for
+    tolerance = GRAD_TOLERANCE if not amp else float(torch.finfo(getattr(torch, amp[1])).eps)
+    print(describe(sol))
+    try:
+        dtype = getattr(torch, meta.dtype)
+    except AttributeError:
+        raise CLIError(f"{args.file}: unknown dtype {meta.dtype!r}") from None
+    spec = meta.inputs_spec  # None: one tensor of input_shape, or the factory's own inputs
+    what = f"inputs {spec}" if spec else f"input {meta.input_shape} {meta.dtype}"
+    with timed_step(f"building {model_name} (batch {meta.batch_size}, {what}) on {device}"):
+        model, x = build_model(model_name, meta.batch_size, None if spec else meta.input_shape, device,
+                               dtype=None if spec else dtype, inputs_spec=spec)
+        g = chk.output_grad(model, x, autocast=amp)  # None: trained through its loss (loss_of)
+
+    compiled = bool(getattr(meta, "compiled", False))
+    if args.compile and not compiled:
+        raise CLIError(f"{args.file} was solved for the eager step: solve it with monet solve --compile to check "
+                       "the compiled step")
+    if (args.trace or args.trace_out) and compiled:
+        raise CLIError("--trace runs the schedule node by node, eagerly: a compiled solution has no such step")
+    if args.trace or args.trace_out:
+        return _record(args, sol, model_name, model, x, g, amp, device)
+    reference = "torch.compile" if compiled else "plain PyTorch"
+    results = _measure(args, sol, model_name, model, x, g, amp, reference)
+    failures = _failures(results, meta, tolerance, amp, reference)
+    print(rows_table(_report_rows(results, meta, reference) + [("result", "FAILED" if failures else "passed")]))
+    for f in failures:
+        print(f"monet: check failed: {f}", file=sys.stderr)
+    if args.json:
+        print_json({**solution_fields(meta), **results, "file": str(args.file), "check_device": device,
+                    "passed": not failures, "failures": failures})
+    return EXIT_CHECK_FAILED if failures else 0
+
+
+def _check_device(args, meta) -> str:
+    """The device to check on: ``--device``, else the solution's own where this machine has it.
+
+    Raises:
+        CLIError: a CUDA solution without ``--device`` on a machine without CUDA, or a device other
+            than the one its autocast was solved for."""
+    import torch
+
+    from monet import mixed_precision
+
     if args.device:
         device = resolve_device(args.device)
     elif meta.device == "cuda" and torch.cuda.is_available():
@@ -116,40 +155,36 @@ def run(args) -> int:
                        "--device cpu to do so")
     else:
         device = "cpu"
-    amp = getattr(meta, "autocast", None)  # checked under the autocast it was solved for
+    amp = getattr(meta, "autocast", None)
     if amp and torch.device(device).type != amp[0]:
         raise CLIError(f"{args.file} was solved under {mixed_precision.describe(amp)}: check it with "
                        f"--device {amp[0]}" + ("" if amp[0] == "cpu" or torch.cuda.is_available()
                                                else " on a machine with CUDA"))
-    tolerance = GRAD_TOLERANCE if not amp else float(torch.finfo(getattr(torch, amp[1])).eps)
-    print(describe(sol))
-    try:
-        dtype = getattr(torch, meta.dtype)
-    except AttributeError:
-        raise CLIError(f"{args.file}: unknown dtype {meta.dtype!r}") from None
-    spec = meta.inputs_spec  # None: one tensor of input_shape, or the factory's own inputs
-    what = f"inputs {spec}" if spec else f"input {meta.input_shape} {meta.dtype}"
-    with timed_step(f"building {model_name} (batch {meta.batch_size}, {what}) on {device}"):
-        model, x = build_model(model_name, meta.batch_size, None if spec else meta.input_shape, device,
-                          dtype=None if spec else dtype, inputs_spec=spec)
-        g = chk.output_grad(model, x, autocast=amp)  # None: trained through its loss (loss_of)
+    return device
 
-    compiled = bool(getattr(meta, "compiled", False))
-    if args.compile and not compiled:
-        raise CLIError(f"{args.file} was solved for the eager step: solve it with monet solve --compile to check "
-                       "the compiled step")
-    if (args.trace or args.trace_out) and compiled:
-        raise CLIError("--trace runs the schedule node by node, eagerly: a compiled solution has no such step")
-    if args.trace or args.trace_out:
-        return _record(args, sol, model_name, model, x, g, amp, device)
-    reference = "torch.compile" if compiled else "plain PyTorch"
+
+def _measure(args, sol, model_name, model, x, g, amp, reference: str) -> dict:
+    """The checks ``args`` asks for (all by default) of the schedule ``sol`` on ``model`` against
+    ``reference`` (plain PyTorch, or ``torch.compile`` for a compiled solution): gradients, peaks
+    (bytes) and the overhead; a check not run is None.
+
+    Raises:
+        CLIError: the solution does not fit the model."""
+    import torch
+
+    from monet.profiling import check as chk
+    from monet.solution import SolutionMismatchError
+    from monet.wrapper import MONeTWrapper
+
+    do_all = not (args.check_diff or args.check_runtime or args.run_bs)
+    want_diff, want_bs, want_rt = (args.check_diff or do_all, args.run_bs or do_all, args.check_runtime or do_all)
 
     def wrapped_model():
-        return MONeTWrapper(copy.deepcopy(model), sol, meta.input_shape)
+        return MONeTWrapper(copy.deepcopy(model), sol, sol.meta.input_shape)
 
     def plain_model():
         plain = copy.deepcopy(model)
-        return torch.compile(plain) if compiled else plain
+        return torch.compile(plain) if reference == "torch.compile" else plain
 
     results = dict(peak_bytes=None, eager_measured_peak_bytes=None, grad_rel_error=None,
                    grads_bitwise_equal=None, buffers_bitwise_equal=None, overhead=None,
@@ -172,7 +207,11 @@ def run(args) -> int:
             results.update(overhead=frac, median_time_s=tw, eager_median_time_s=tp)
     except SolutionMismatchError as e:
         raise CLIError(f"{args.file} does not fit {model_name}: {e}") from None
+    return results
 
+
+def _failures(results: dict, meta, tolerance: float, amp, reference: str) -> list[str]:
+    """What failed: a measured peak above the budget, gradients further than ``tolerance``."""
     failures = []
     peak, budget = results["peak_bytes"], meta.budget_bytes
     if peak is not None and peak > budget:
@@ -182,7 +221,12 @@ def run(args) -> int:
     if diff is not None and not diff <= tolerance:
         failures.append(f"gradients differ from {reference} by {diff:.3g} (relative), more than "
                         f"{tolerance:g}" + (f" (one unit of {amp[1]} precision)" if amp else ""))
+    return failures
 
+
+def _report_rows(results: dict, meta, reference: str) -> list[tuple[str, str]]:
+    """The (label, value) rows of the report: sizes, then each check that ran."""
+    peak, budget = results["peak_bytes"], meta.budget_bytes
     rows = [("budget", fmt_mib(budget)), ("predicted peak (schedule)", fmt_mib(meta.predicted_peak_bytes)),
             ("simulated peak (plain PyTorch)", fmt_mib(meta.eager_peak_bytes))]
     if peak is not None:
@@ -192,22 +236,15 @@ def run(args) -> int:
                  ("measured / budget", f"{peak / budget:.3f}"),
                  ("predicted / measured", f"{meta.predicted_peak_bytes / peak:.3f}"),
                  ("memory saved", f"{100 * (1 - peak / eager_m):.1f} %" if eager_m else "-")]
-    if diff is not None:
-        rows += [("gradient difference (relative, all gradients)", f"{diff:.3g}"),
+    if results["grad_rel_error"] is not None:
+        rows += [("gradient difference (relative, all gradients)", f"{results['grad_rel_error']:.3g}"),
                  ("gradients bitwise equal", str(results["grads_bitwise_equal"])),
                  ("buffers bitwise equal", str(results["buffers_bitwise_equal"]))]
     if results["overhead"] is not None:
         rows += [("median iteration (schedule)", f"{1e3 * results['median_time_s']:.2f} ms"),
                  (f"median iteration ({reference})", f"{1e3 * results['eager_median_time_s']:.2f} ms"),
                  ("overhead (measured)", fmt_pct(results["overhead"]))]
-    rows.append(("result", "FAILED" if failures else "passed"))
-    print(rows_table(rows))
-    for f in failures:
-        print(f"monet: check failed: {f}", file=sys.stderr)
-    if args.json:
-        print_json({**solution_fields(meta), **results, "file": str(args.file), "check_device": device,
-                    "passed": not failures, "failures": failures})
-    return EXIT_CHECK_FAILED if failures else 0
+    return rows
 
 
 def _trace_result(args, trace, comparison, path=None) -> int:

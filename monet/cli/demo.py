@@ -222,7 +222,6 @@ def run(args) -> int:
     from monet.profiling.baselines import chen_checkpoint, compile_with_activation_budget
     from monet.profiling.check import loss_of, step_peak
     from monet.profiling.comparison import MethodResult, Training, measure_method
-    from monet.profiling.frontier import frontier_plot
     from monet.profiling.training import random_target
 
     t_start = time.perf_counter()
@@ -260,19 +259,7 @@ def run(args) -> int:
                                predicted_peak_bytes=sol.meta.predicted_peak_bytes,
                                predicted_overhead=sol.meta.predicted_overhead(), note=note),
                   lambda sol=sol: plan.wrap(sol, fresh())) for budget, sol, note in solutions]
-    inductor = []
-    if args.compile:  # monet compiled at the first budget, and torch.compile with Inductor's kernels
-        with timed_step("capturing and costing the compiled step") as s:
-            with reported():
-                plan_c = prepare(copy.deepcopy(model), x, loss_fn=loss_fn, target=target, cost="hybrid",
-                                 cache_dir=args.cache_dir, progress=False, compile=True)
-        budget, sol, note = _solve(plan_c, budgets[0], args, mode="normal")
-        inductor = [(MethodResult(f"monet compiled {budget}", budget_bytes=sol.meta.budget_bytes,
-                                  predicted_peak_bytes=sol.meta.predicted_peak_bytes,
-                                  predicted_overhead=None, note=note),
-                     lambda sol=sol: plan_c.wrap(sol, fresh())),
-                    (MethodResult(f"torch.compile {args.compile_budget:g} inductor"),
-                     lambda: compile_with_activation_budget(fresh(), args.compile_budget, backend="inductor"))]
+    inductor = _compiled_methods(model, x, loss_fn, target, budgets[0], args, fresh) if args.compile else []
     for r, make in [chen, *schedules, *inductor, compiled]:  # torch.compile's last: they reset dynamo's caches
         with timed_step(f"measuring {r.method}: peak, {args.steps} SGD steps, {args.repeats} timed iterations"):
             try:
@@ -289,6 +276,38 @@ def run(args) -> int:
     print(f"{name}, inputs {x.describe()}, {device}; monet in {args.mode} mode, budgets of plain PyTorch's "
           f"simulated peak ({plan.eager_peak_bytes / MiB:.1f} MiB)")
     _print_table(ordered)
+    _write_outputs(ordered, args, title=f"{name}, inputs {x.describe()}, {device}")
+    log(f"demo finished in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+def _compiled_methods(model, x, loss_fn, target, budget, args, fresh) -> list:
+    """(result, make) of monet compiled at ``budget`` and of ``torch.compile`` with Inductor's
+    kernels at ``args.compile_budget``; ``fresh(m)`` gives a model trained as every method is."""
+    from monet.plan import prepare
+    from monet.profiling.baselines import compile_with_activation_budget
+    from monet.profiling.comparison import MethodResult
+
+    with timed_step("capturing and costing the compiled step"):
+        with reported():
+            plan = prepare(copy.deepcopy(model), x, loss_fn=loss_fn, target=target, cost="hybrid",
+                           cache_dir=args.cache_dir, progress=False, compile=True)
+    budget, sol, note = _solve(plan, budget, args, mode="normal")
+    return [(MethodResult(f"monet compiled {budget}", budget_bytes=sol.meta.budget_bytes,
+                          predicted_peak_bytes=sol.meta.predicted_peak_bytes, predicted_overhead=None, note=note),
+             lambda: plan.wrap(sol, fresh())),
+            (MethodResult(f"torch.compile {args.compile_budget:g} inductor"),
+             lambda: compile_with_activation_budget(fresh(), args.compile_budget, backend="inductor"))]
+
+
+def _write_outputs(ordered, args, title: str) -> None:
+    """The raw rows (``--csv``, with their provenance) and the frontier plot (``--plot``) of the
+    measured ``ordered`` results (plain PyTorch's first).
+
+    Raises:
+        CLIError: the plot cannot be written."""
+    from monet.profiling.frontier import frontier_plot
+
     if args.csv:
         from monet.profiling.raw_results import append_rows, command_line, provenance
 
@@ -297,8 +316,6 @@ def run(args) -> int:
         log(f"appended {len(rows)} rows to {args.csv}")
     with timed_step(f"plotting the frontier to {args.plot}"):
         try:
-            frontier_plot(ordered, args.plot, title=f"{name}, inputs {x.describe()}, {device}")
+            frontier_plot(ordered, args.plot, title=title)
         except OSError as e:
             raise CLIError(f"cannot write the plot to {args.plot}: {e}; give another --plot PATH") from None
-    log(f"demo finished in {time.perf_counter() - t_start:.0f} s")
-    return 0

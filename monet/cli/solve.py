@@ -82,8 +82,22 @@ DESCRIPTION = ("Capture MODEL, cost every operator, solve MONeT's ILP at a memor
 
 
 def add_arguments(p) -> None:
-    """The options of ``monet solve`` on its parser ``p``."""
+    """The options of ``monet solve`` on its parser ``p``: the model's, the schedule's, the costs',
+    then the output's."""
     add_model_args(p)
+    _add_schedule_arguments(p)
+    _add_cost_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("--offload-bandwidth", default=None, metavar="BW",
+                   help="let the ILP offload kept activations to pinned host memory over a link of BW "
+                        "bytes/s per direction (a number such as 50e9, a preset: "
+                        f"{', '.join(OFFLOAD_PRESETS)}, or 'measure' on a CUDA device); --mode normal "
+                        "only; off by default and on CPU")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="solution file to write")
+
+
+def _add_schedule_arguments(p) -> None:
+    """What the schedule is solved for and how long: budget, mode, --compile, the solver's limits."""
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--budget", metavar="BUDGET",
                         help='memory budget: "6GB" (6 x 2^30 bytes), "6GiB", "6000MiB", bytes, or '
@@ -113,6 +127,10 @@ def add_arguments(p) -> None:
                         "(default %(default)g; 0: optimal)")
     p.add_argument("--solver", type=str.upper, choices=["CBC", "HIGHS", "SCIP"], default="CBC",
                    help="MILP solver (HIGHS and SCIP need highspy / pyscipopt)")
+
+
+def _add_cost_arguments(p) -> None:
+    """Where the operators' costs come from: --cost, calibration, device, autocast, GPU preset, cache."""
     p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
                    help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, needs "
                         "no device; each operator's workspace is charged at an upper bound from its "
@@ -140,14 +158,6 @@ def add_arguments(p) -> None:
                         "h200 (default: the CPU's, or the visible GPU's with --device cuda)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="profile cache (default ~/.cache/monet/profiles)")
-    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
-    p.add_argument("--offload-bandwidth", default=None, metavar="BW",
-                   help="let the ILP offload kept activations to pinned host memory over a link of BW "
-                        "bytes/s per direction (a number such as 50e9, a preset: "
-                        f"{', '.join(OFFLOAD_PRESETS)}, or 'measure' on a CUDA device); --mode normal "
-                        "only; off by default and on CPU")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="solution file to write")
-
 
 
 def run(args) -> int:
@@ -156,33 +166,16 @@ def run(args) -> int:
     Raises:
         CLIError: a bad argument, a model that cannot be built or traced, no schedule in time.
     """
-    from monet.models import input_info
-    from monet.solution import describe, save_solution
-    from monet.impls import mode_tokens
-    from monet.solver.solve import eager_peak, min_budget, min_budget_lower, solve
-    from monet.plan import loss_outside_note
-    from monet.plan import CALIBRATED_SOLVE_SHARE
-    from monet.profiling.calibration import applies as calibrates, calibrated_solve, timing_fits
-    from monet.solver.deadline import Deadline
-    from monet.solver.solve import SEARCH_SHARE
-
-    if args.mode is None:
-        args.mode = "normal" if args.compile else "inplace_conv_multiway_newnode"
-    if args.compile and args.mode != "normal":
-        raise CLIError(f"--compile solves in --mode normal (keep or recompute): mode {args.mode!r} chooses operator "
-                       "implementations of monet's own, which Inductor does not compile")
-    with reported():
-        mode_tokens(args.mode)
-    output = Path(args.output)
-    if not output.parent.is_dir():
-        raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
-    shape = parse_shape(args.input_shape)
-    spec = check_inputs_spec(args.inputs)
-    budget = None
-    if args.budget is not None and not args.budget.strip().endswith("%"):
-        budget = parse_budget_arg(args.budget)  # fail before the slow steps; "50%" needs the peak
     import torch
 
+    from monet.models import input_info
+    from monet.plan import CALIBRATED_SOLVE_SHARE, loss_outside_note
+    from monet.profiling.calibration import applies as calibrates, timing_fits
+    from monet.solution import describe, save_solution
+    from monet.solver.deadline import Deadline
+    from monet.solver.solve import eager_peak
+
+    output, shape, spec, budget = _check_arguments(args)
     # --cost analytic needs no device: a schedule for a GPU can be solved on a laptop
     device = resolve_device(args.device) if args.cost != "analytic" else args.device
     if not (device == "cpu" or device.startswith("cuda")):
@@ -212,46 +205,19 @@ def run(args) -> int:
         "(monet.optimize(..., loss_fn=, target=))"))
     if note:
         log(f"note: {note}")
-    info = dict(model=args.model, device=device.split(":")[0], **input_info(x, spec))
     deadline = Deadline(args.time_limit)  # one for the search, the solve and the timing
     calibrating = args.calibrate and calibrates(args.cost, device) and not args.compile  # times the eager step
     calibrating = calibrating and timing_fits(costs, deadline.left() * (1 - CALIBRATED_SOLVE_SHARE), 2, capture_s, log)
     solving = Deadline(deadline.left() * (CALIBRATED_SOLVE_SHARE if calibrating else 1.0))
     try:
         if args.min_budget:
-            with timed_step(f"finding the smallest feasible budget ({args.solver}, "
-                            f"{SEARCH_SHARE * solving.limit_s:g} s of the time limit)") as s:
-                budget, proven = min_budget(graph, costs, args.mode, args.solver, solving.share(SEARCH_SHARE),
-                                            device.split(":")[0], cost_fn, progress=log,
-                                            offload_bandwidth=bandwidth)
-                # the same search, cached (with offload: a search of its own, not run for this note)
-                lower = None if bandwidth else min_budget_lower(graph, costs, args.mode, args.solver,
-                                                                args.time_limit, device.split(":")[0], cost_fn)
-                s["note"] = f"{fmt_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
-                    "" if proven or lower is None else f"; no schedule below {fmt_size(lower)} (LP bound)")
-            if args.mode == "normal" and not bandwidth:  # the smallest budget worth its recomputation
-                from monet.solver.smallest import _smallest, frontier, knee  # noqa: I001
-
-                R_least = _smallest(graph, costs, args.mode, args.solver, 0.0, device.split(":")[0], cost_fn)[5]
-                budget, why = knee(frontier(graph, costs, budget, R_least), costs.plain_time, eager)
-                if why:
-                    log(f"note: {why}")
+            budget = _smallest_budget(args, graph, costs, eager, device, cost_fn, bandwidth, solving)
         elif budget is None:
             budget = parse_budget_arg(args.budget, eager)
-        with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "
-                        f"{args.solver}, {solving.left():.0f} s of the time limit {args.time_limit:g} s") as s:
-            kw = dict(solver=args.solver, info=info, device=device.split(":")[0],
-                      cost_fn=cost_fn, progress=log, gap=args.gap, offload_bandwidth=bandwidth)
-            sol = solve(graph, costs, budget, args.mode, deadline=solving, **kw)
-            if calibrating:
-                first = sol
-                sol = calibrated_solve(model, x, graph, costs, first,
-                                       lambda scaled, again=None: solve(graph, scaled, first.meta.budget_bytes,
-                                                                        args.mode, deadline=again or Deadline(0.0),
-                                                                        **kw),
-                                       device="cpu", cost_fn=cost_fn, log=log, deadline=deadline,
-                                       trace_s=capture_s)
-            s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
+        kw = dict(solver=args.solver, info=dict(model=args.model, device=device.split(":")[0], **input_info(x, spec)),
+                  device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
+                  offload_bandwidth=bandwidth)
+        sol = _solve_at(args, budget, model, x, graph, costs, kw, solving, deadline if calibrating else None, capture_s)
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
     save_solution(sol, output)
@@ -260,3 +226,74 @@ def run(args) -> int:
     if args.json:
         print_json({**solution_fields(sol.meta), "output": str(output)})
     return 0
+
+
+def _check_arguments(args) -> tuple[Path, tuple | None, dict | None, int | None]:
+    """(output path, input shape, inputs spec, budget in bytes or None for a percentage), checked
+    before any slow step; fills in ``args.mode``'s default (normal when compiled, else full).
+
+    Raises:
+        CLIError: a mode Inductor cannot compile, an unknown mode, a missing output folder, a bad
+            shape, inputs spec or budget."""
+    from monet.impls import mode_tokens
+
+    if args.mode is None:
+        args.mode = "normal" if args.compile else "inplace_conv_multiway_newnode"
+    if args.compile and args.mode != "normal":
+        raise CLIError(f"--compile solves in --mode normal (keep or recompute): mode {args.mode!r} chooses operator "
+                       "implementations of monet's own, which Inductor does not compile")
+    with reported():
+        mode_tokens(args.mode)
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        raise CLIError(f"cannot write {output}: the folder {output.parent} does not exist")
+    shape, spec = parse_shape(args.input_shape), check_inputs_spec(args.inputs)
+    budget = None
+    if args.budget is not None and not args.budget.strip().endswith("%"):
+        budget = parse_budget_arg(args.budget)  # fail before the slow steps; "50%" needs the peak
+    return output, shape, spec, budget
+
+
+def _smallest_budget(args, graph, costs, eager: int, device: str, cost_fn, bandwidth, solving) -> int:
+    """``--min-budget``: the smallest feasible budget (bytes) found in `SEARCH_SHARE` of ``solving``;
+    in normal mode without offload, the smallest one worth its recomputation (`monet.solver.smallest.knee`)."""
+    from monet.solver.smallest import _smallest, frontier, knee
+    from monet.solver.solve import SEARCH_SHARE, min_budget, min_budget_lower
+
+    where = device.split(":")[0]
+    with timed_step(f"finding the smallest feasible budget ({args.solver}, "
+                    f"{SEARCH_SHARE * solving.limit_s:g} s of the time limit)") as s:
+        budget, proven = min_budget(graph, costs, args.mode, args.solver, solving.share(SEARCH_SHARE), where, cost_fn,
+                                    progress=log, offload_bandwidth=bandwidth)
+        # the same search, cached (with offload: a search of its own, not run for this note)
+        lower = None if bandwidth else min_budget_lower(graph, costs, args.mode, args.solver, args.time_limit, where,
+                                                        cost_fn)
+        s["note"] = f"{fmt_size(budget)}, " + ("proven minimal" if proven else "not proven minimal") + (
+            "" if proven or lower is None else f"; no schedule below {fmt_size(lower)} (LP bound)")
+    if args.mode == "normal" and not bandwidth:  # the smallest budget worth its recomputation
+        least_recomputation = _smallest(graph, costs, args.mode, args.solver, 0.0, where, cost_fn)[5]
+        budget, why = knee(frontier(graph, costs, budget, least_recomputation), costs.plain_time, eager)
+        if why:
+            log(f"note: {why}")
+    return budget
+
+
+def _solve_at(args, budget: int, model, x, graph, costs, kw: dict, solving, calibration, capture_s: float):
+    """The schedule at ``budget`` (bytes) within ``solving``; with a ``calibration`` deadline, timed
+    and re-solved on this machine (`monet.profiling.calibration.calibrated_solve`)."""
+    from monet.profiling.calibration import calibrated_solve
+    from monet.solver.deadline import Deadline
+    from monet.solver.solve import solve
+
+    with timed_step(f"solving at a budget of {fmt_size(budget)} ({budget} bytes), mode {args.mode}, "
+                    f"{args.solver}, {solving.left():.0f} s of the time limit {args.time_limit:g} s") as s:
+        sol = solve(graph, costs, budget, args.mode, deadline=solving, **kw)
+        if calibration is not None:
+            first = sol
+            sol = calibrated_solve(model, x, graph, costs, first,
+                                   lambda scaled, again=None: solve(graph, scaled, first.meta.budget_bytes, args.mode,
+                                                                    deadline=again or Deadline(0.0), **kw),
+                                   device="cpu", cost_fn=kw["cost_fn"], log=log, deadline=calibration,
+                                   trace_s=capture_s)
+        s["note"] = f"{sol.meta.status}, predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}"
+    return sol
