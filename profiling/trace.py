@@ -316,9 +316,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
     """
     from monet.inputs import ExampleInputs
     from monet.profiling.check import _backward, _forward, output_grad
-    from monet.profiling.memory import cpu_scoped_allocation_events, live_tensor_bytes
-    from monet.solution import Schedule, Solution, check_compatible
-    from monet.executor import RUNTIME
+    from monet.solution import Solution
     from monet.wrapper import ScheduledModule
 
     x = ExampleInputs.of(inputs)
@@ -330,18 +328,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
         g = output_grad(model, x, autocast=autocast)
     probe = CpuProbe() if device.type == "cpu" else CudaProbe(device)
     sol = schedule if isinstance(schedule, Solution) else None
-    if sol is not None:
-        def make_schedule(graph):
-            m = sol.meta
-            check_compatible(m, graph.fingerprint, graph.summary, batch_size=x.batch_size,
-                             input_shape=tuple(x.first.shape[1:]), dtype=x.first.dtype,
-                             nodes=(len(graph.fwd), len(graph.bwd)))
-            return sol.schedule
-    elif isinstance(schedule, Schedule):
-        def make_schedule(graph):
-            return schedule
-    else:
-        make_schedule = schedule
+    make_schedule = _schedule_maker(schedule, x)
     base: dict = {}
 
     def schedule_of(graph):  # the captured graph, before the schedule's implementations are applied
@@ -365,27 +352,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
     probe.rows = []
     for p in scheduled.parameters():
         p.grad = None
-    measured: dict
-    if device.type == "cpu":
-        baseline = live_tensor_bytes(scheduled, x.tensors(), *([] if g is None else [g]), device="cpu")
-        events, scopes = cpu_scoped_allocation_events(step, SCOPE)
-        measured, events_df = _cpu_measure(probe, events, scopes, baseline)
-    else:
-        torch.cuda.synchronize(device)
-        baseline = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        compat.cuda_memory_history(True)
-        try:
-            step()
-            torch.cuda.synchronize(device)
-            tail_peak = torch.cuda.max_memory_allocated(device)
-            snapshot = compat.cuda_memory_snapshot()
-        finally:
-            compat.cuda_memory_history(False)
-        events_df, labelled = _cuda_events(snapshot, device.index if device.index is not None
-                                           else torch.cuda.current_device())
-        measured = {"tail_peak_bytes": int(tail_peak), "reserved_bytes": int(torch.cuda.memory_reserved(device)),
-                    "events_attributed": bool(labelled and probe.labels)}
+    measured, events_df, baseline = _measure_step(step, probe, scheduled, x, g, device)
     rows = probe.rows
     for r, stage in zip(rows, _stage_column(rows)):
         r["stage"] = stage
@@ -407,7 +374,69 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
                     peak_bytes=int(max(peaks.max(), measured["tail_peak_bytes"])),
                     peak_at=str(nodes.loc[peak_row, "name"]))
     sched = sol.schedule if sol is not None else compiled["schedule"]
-    meta = {
+    meta = _trace_meta(model_name, model_kwargs, inputs_spec, x, device, graph, base["graph"], sched, sol, label,
+                       (workspace, workspace_source, derived), measured, sim)
+    return Trace(meta=meta, nodes=nodes, events=events_df)
+
+
+def _schedule_maker(schedule, x):
+    """``schedule`` (a `Solution`, checked against the traced graph; a `Schedule`; or a function of
+    the graph) as a function ``graph -> Schedule``.
+
+    Raises (when called):
+        monet.solution.SolutionMismatchError: a `Solution` made for another graph."""
+    from monet.solution import Schedule, Solution, check_compatible
+
+    if isinstance(schedule, Solution):
+        def make_schedule(graph):
+            check_compatible(schedule.meta, graph.fingerprint, graph.summary, batch_size=x.batch_size,
+                             input_shape=tuple(x.first.shape[1:]), dtype=x.first.dtype,
+                             nodes=(len(graph.fwd), len(graph.bwd)))
+            return schedule.schedule
+        return make_schedule
+    if isinstance(schedule, Schedule):
+        return lambda graph: schedule
+    return schedule
+
+
+def _measure_step(step, probe, scheduled, x, g, device) -> tuple[dict, pd.DataFrame, int]:
+    """(measured, allocator events, baseline bytes) of one ``step()`` of ``scheduled``, the probe
+    recording each node: allocator events with their scopes on the CPU, the caching allocator's
+    history on CUDA (its peak after the last node as ``tail_peak_bytes``)."""
+    from monet.profiling.memory import cpu_scoped_allocation_events, live_tensor_bytes
+
+    if device.type == "cpu":
+        baseline = live_tensor_bytes(scheduled, x.tensors(), *([] if g is None else [g]), device="cpu")
+        events, scopes = cpu_scoped_allocation_events(step, SCOPE)
+        measured, events_df = _cpu_measure(probe, events, scopes, baseline)
+        return measured, events_df, baseline
+    torch.cuda.synchronize(device)
+    baseline = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    compat.cuda_memory_history(True)
+    try:
+        step()
+        torch.cuda.synchronize(device)
+        tail_peak = torch.cuda.max_memory_allocated(device)
+        snapshot = compat.cuda_memory_snapshot()
+    finally:
+        compat.cuda_memory_history(False)
+    events_df, labelled = _cuda_events(snapshot, device.index if device.index is not None
+                                       else torch.cuda.current_device())
+    measured = {"tail_peak_bytes": int(tail_peak), "reserved_bytes": int(torch.cuda.memory_reserved(device)),
+                "events_attributed": bool(labelled and probe.labels)}
+    return measured, events_df, baseline
+
+
+def _trace_meta(model_name, model_kwargs, inputs_spec, x, device, graph, joint, sched, sol, label, workspaces,
+                measured: dict, sim) -> dict:
+    """The trace's ``meta``: what rebuilds the model, the device, the graph (``joint``: the captured
+    joint graph), the schedule, the executor, the workspaces (given, source, derived from the
+    trace), what was measured and simulated."""
+    from monet.executor import RUNTIME
+
+    workspace, workspace_source, derived = workspaces
+    return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "monet_version": __import__("monet").__version__,
         "model": {"name": model_name, "kwargs": dict(model_kwargs or {}), "batch_size": int(x.batch_size),
@@ -415,7 +444,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
                   "inputs_spec": inputs_spec or (getattr(sol.meta, "inputs_spec", None) if sol is not None else None)},
         "device": device_info(device),
         "graph": {"fingerprint": graph.fingerprint, "n_fwd": len(graph.fwd), "n_bwd": len(graph.bwd),
-                  "joint": graph_to_json(base["graph"])},
+                  "joint": graph_to_json(joint)},
         "schedule": schedule_to_json(sched),
         "executor": dict(RUNTIME),  # how the modules that ran were built
         "lowered": True,  # from the graph `monet.impls.lower_for_device` makes (`monet.wrapper`)
@@ -428,7 +457,6 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
         "measured": measured,
         "simulated": {"peak_bytes": int(sim.peak_bytes), "peak_at": sim.peak_at},
     }
-    return Trace(meta=meta, nodes=nodes, events=events_df)
 
 
 # ----------------------------------------------------------------------------------------------
