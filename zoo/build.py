@@ -357,7 +357,7 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
     each entry is written (and again when a 'min' entry's ``substitute_for`` grows).
     """
     from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.solve import eager_peak, min_budget, parse_budget
+    from monet.solver.solve import eager_peak, parse_budget
 
     t0 = time.perf_counter()
     graph = capture_config(cfg.model, cfg.batch_size, cfg.input_shape)
@@ -372,9 +372,7 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
     least = None  # the smallest feasible budget known, once a budget was infeasible
     min_rec = None
 
-    def emit(rec):
-        if on_entry is not None:
-            on_entry(rec)
+    emit = on_entry or (lambda rec: None)
 
     for label in cfg.budgets:
         name = cfg.entry_name(label)
@@ -386,19 +384,11 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
                 min_rec["substitute_for"].append(label)
                 emit(min_rec)
             continue
-        old = ctx.existing.get(name)
-        if (ctx.skip_existing and old is not None and old.get("fingerprint") == graph.fingerprint
-                and (ctx.root / SCHEDULES / old["file"]).is_file()):
-            from monet.solution import load_solution
-
-            kept = load_solution(ctx.root / SCHEDULES / old["file"])
-            # the same graph, unless an older monet grouped its ops into other nodes
-            if (kept.meta.n_fwd, kept.meta.n_bwd) == (len(graph.fwd), len(graph.bwd)):
-                _log(f"{name}: kept (already in the zoo for this graph)")
-                old = {**old, **_held(old, cfg, ctx, eager)}
-                records.append(old)
-                built.append((name, kept))
-                continue
+        kept = _kept_entry(name, graph, cfg, ctx, eager)
+        if kept is not None:
+            records.append(kept[0])
+            built.append((name, kept[1]))
+            continue
         try:
             sol, wall, found = None, 0.0, None
             try:
@@ -418,28 +408,61 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
                 emit(rec)
                 continue
             # infeasible: one 'min' entry at the smallest feasible budget known
-            smallest = min(built, key=lambda ns: ns[1].meta.predicted_peak_bytes, default=None)
-            if found is None and smallest is None:
-                found, _ = min_budget(graph, zc.costs, cfg.mode, ctx.solver, ctx.time_limit, cfg.device, zc.cost_fn)
-            min_name = cfg.entry_name("min")
-            if smallest is not None and (found is None or smallest[1].meta.predicted_peak_bytes <= found):
-                least = smallest[1].meta.predicted_peak_bytes
-                _log(f"{name}: infeasible: the smallest feasible budget known is {least / GiB:.3f} GiB ({least} bytes, "
-                     f"{100 * least / eager:.1f} % of plain PyTorch's peak), the peak of {smallest[0]}'s schedule; "
-                     f"recording {min_name} with that schedule at that budget")
-                sol, wall = _reuse(smallest[1], least, smallest[0]), 0.0
-            else:
-                least = found
-                _log(f"{name}: infeasible: the smallest feasible budget found is {least / GiB:.3f} GiB ({least} bytes, "
-                     f"{100 * least / eager:.1f} % of plain PyTorch's peak); recording {min_name} at that budget")
-                name = min_name
-                sol, wall = _solve(graph, zc, cfg, min_name, least, ctx)
+            least, sol, wall = _at_smallest(graph, zc, cfg, ctx, name, built, found, eager)
+            name = cfg.entry_name("min")
             min_rec = _save_entry(sol, cfg, "min", ctx, wall, eager, substitute_for=[label])
             records.append(min_rec)
             emit(min_rec)
         except Exception as e:  # noqa: BLE001 - one failed entry must not end the build
             failures.append(f"{name}: {type(e).__name__}: {e}")
             _log(f"{name}: FAILED: {type(e).__name__}: {e}")
+    _use_faster_smaller(records, built, cfg, ctx, eager, emit)
+    return records, failures
+
+
+def _at_smallest(graph, zc, cfg: ZooConfig, ctx: _Ctx, name: str, built: list, found: int | None, eager: int):
+    """(smallest feasible budget known in bytes, its schedule, solve seconds) for the 'min' entry
+    that stands in for the infeasible entry ``name``: the smallest-peak schedule of this build where
+    none smaller was ``found`` (bytes, from the solver's error), else a solve at ``found`` (searched
+    for first if neither is known)."""
+    from monet.solver.solve import min_budget
+
+    smallest = min(built, key=lambda ns: ns[1].meta.predicted_peak_bytes, default=None)
+    if found is None and smallest is None:
+        found, _ = min_budget(graph, zc.costs, cfg.mode, ctx.solver, ctx.time_limit, cfg.device, zc.cost_fn)
+    min_name = cfg.entry_name("min")
+    if smallest is not None and (found is None or smallest[1].meta.predicted_peak_bytes <= found):
+        least = smallest[1].meta.predicted_peak_bytes
+        _log(f"{name}: infeasible: the smallest feasible budget known is {least / GiB:.3f} GiB ({least} bytes, "
+             f"{100 * least / eager:.1f} % of plain PyTorch's peak), the peak of {smallest[0]}'s schedule; "
+             f"recording {min_name} with that schedule at that budget")
+        return least, _reuse(smallest[1], least, smallest[0]), 0.0
+    _log(f"{name}: infeasible: the smallest feasible budget found is {found / GiB:.3f} GiB ({found} bytes, "
+         f"{100 * found / eager:.1f} % of plain PyTorch's peak); recording {min_name} at that budget")
+    sol, wall = _solve(graph, zc, cfg, min_name, found, ctx)
+    return found, sol, wall
+
+
+def _kept_entry(name: str, graph, cfg: ZooConfig, ctx: _Ctx, eager: int):
+    """(record, solution) of the entry ``name`` already in the zoo for this graph, with
+    ``--skip-existing``; None where it must be solved."""
+    old = ctx.existing.get(name)
+    if not (ctx.skip_existing and old is not None and old.get("fingerprint") == graph.fingerprint
+            and (ctx.root / SCHEDULES / old["file"]).is_file()):
+        return None
+    from monet.solution import load_solution
+
+    kept = load_solution(ctx.root / SCHEDULES / old["file"])
+    # the same graph, unless an older monet grouped its ops into other nodes
+    if (kept.meta.n_fwd, kept.meta.n_bwd) != (len(graph.fwd), len(graph.bwd)):
+        return None
+    _log(f"{name}: kept (already in the zoo for this graph)")
+    return {**old, **_held(old, cfg, ctx, eager)}, kept
+
+
+def _use_faster_smaller(records: list[dict], built: list, cfg: ZooConfig, ctx: _Ctx, eager: int, emit) -> None:
+    """Replace, in ``records``, each entry whose budget another entry's schedule (``built``) fits
+    and beats."""
     # the other direction: a schedule solved at a smaller budget that is faster than a larger
     # budget's (each solve stops at its time limit, so the frontier need not come out monotone)
     by_name = dict(built)
@@ -464,7 +487,6 @@ def build_config(cfg: ZooConfig, ctx: _Ctx, on_entry=None) -> tuple[list[dict], 
             records[i] = new
             by_name[rec["name"]] = sol
             emit(new)
-    return records, failures
 
 
 def _build_worker(cfg: ZooConfig, ctx: _Ctx):
