@@ -313,12 +313,55 @@ class Plan:
     def _solve(self, budget, mode, time_limit, optimizer, solver, gap, if_infeasible, accumulate_grads,
                reserved_bytes, offload_bandwidth, calibrate, bar: Progress):
         from monet.solver.deadline import Deadline
-        from monet.solver.ilp import InfeasibleBudgetError
-        from monet.solver.solve import parse_budget, solve
 
         mode = self.mode_for(mode)
         if if_infeasible not in ("raise", "smallest"):
             raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
+        smallest, budget_bytes, reserved = self._schedule_budget(budget, optimizer, accumulate_grads, reserved_bytes)
+
+        from monet.models import input_info
+
+        info = dict(model=self.name, device=self.device, **input_info(self.inputs, None),
+                    loss=loss_name(self.module.loss_fn) if isinstance(self.module, WithLoss) else None)
+        t0 = time.perf_counter()
+        deadline = Deadline(time_limit)
+        calibrating = calibrate and self.calibrates
+        if calibrating:  # a timing that cannot fit leaves the solver the whole limit
+            from monet.profiling.calibration import timing_fits
+
+            calibrating = timing_fits(self.costs, (1 - CALIBRATED_SOLVE_SHARE) * time_limit,
+                                      1 if self.keep is not None else 2, self.capture_s, self._log)
+        at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
+        share = CALIBRATED_SOLVE_SHARE if calibrating else 1.0
+        self._log(f"solving at {at} ({mode}, {solver}, {share * time_limit:g} s of the time limit "
+                  f"{time_limit:g} s) ...")
+        kw = dict(solver=solver, info=info, device=self.device, cost_fn=self.cost_fn,
+                  progress=self._log if (self.progress or self.bar is not None and self.bar.enabled) else None,
+                  gap=gap, offload_bandwidth=offload_bandwidth)
+        with bar.phase("solve"):
+            sol = self._solve_or_smallest(budget_bytes, mode, Deadline(share * deadline.left()), if_infeasible, kw)
+        if calibrating:
+            with bar.phase("calibration"):
+                sol = self._calibrated(sol, mode, kw, deadline)
+        else:
+            bar.skip("calibration")
+        overhead = sol.meta.predicted_overhead()
+        total = "" if not reserved else (f" ({fmt_size(sol.meta.predicted_peak_bytes + reserved)} with the "
+                                         f"{fmt_size(reserved)} reserved: {sol.meta.predicted_peak_bytes + reserved} bytes)")
+        self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
+                  f"{fmt_size(sol.meta.predicted_peak_bytes)}{total}, {sol.schedule.recompute_count()} recomputations"
+                  + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
+        return sol
+
+    def _schedule_budget(self, budget, optimizer, accumulate_grads: bool, reserved_bytes: int):
+        """(smallest: ``budget`` is ``"min"``/None, the schedule's budget in bytes (None for the
+        smallest), the bytes reserved beside it: optimizer state, accumulated gradients and
+        ``reserved_bytes``); a percentage is of plain PyTorch's simulated peak plus the reserved bytes.
+
+        Raises:
+            ValueError: negative ``reserved_bytes``, or reserved bytes that leave the schedule nothing."""
+        from monet.solver.solve import parse_budget
+
         smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
         state = optimizer_state_bytes(self.graph.param_bytes, optimizer)
         grads = self.graph.param_bytes if accumulate_grads else 0
@@ -343,52 +386,31 @@ class Plan:
                 self._log(f"{what} take {fmt_size(reserved)}: the schedule gets "
                           f"{fmt_size(budget_bytes - reserved)} of the {fmt_size(budget_bytes)} budget")
                 budget_bytes -= reserved
-        from monet.models import input_info
+        return smallest, budget_bytes, reserved
 
-        info = dict(model=self.name, device=self.device, **input_info(self.inputs, None),
-                    loss=loss_name(self.module.loss_fn) if isinstance(self.module, WithLoss) else None)
-        t0 = time.perf_counter()
-        deadline = Deadline(time_limit)
-        calibrating = calibrate and self.calibrates
-        if calibrating:  # a timing that cannot fit leaves the solver the whole limit
-            from monet.profiling.calibration import timing_fits
+    def _solve_or_smallest(self, budget_bytes, mode: str, solving, if_infeasible: str, kw: dict):
+        """The schedule at ``budget_bytes`` within ``solving``; with ``if_infeasible="smallest"``, at
+        the smallest feasible budget where that one is infeasible.
 
-            calibrating = timing_fits(self.costs, (1 - CALIBRATED_SOLVE_SHARE) * time_limit,
-                                      1 if self.keep is not None else 2, self.capture_s, self._log)
-        at = "the smallest feasible budget" if smallest else f"{budget_bytes / 2**20:.1f} MiB"
-        share = CALIBRATED_SOLVE_SHARE if calibrating else 1.0
-        self._log(f"solving at {at} ({mode}, {solver}, {share * time_limit:g} s of the time limit "
-                  f"{time_limit:g} s) ...")
-        kw = dict(solver=solver, info=info, device=self.device, cost_fn=self.cost_fn,
-                  progress=self._log if (self.progress or self.bar is not None and self.bar.enabled) else None,
-                  gap=gap, offload_bandwidth=offload_bandwidth)
-        with bar.phase("solve"):
-            solving = Deadline(share * deadline.left())
-            try:
-                sol = solve(self.graph, self.costs, budget_bytes, mode, deadline=solving, **kw)
-            except InfeasibleBudgetError as e:
-                if if_infeasible != "smallest" or e.min_budget_bytes is None:
-                    # a language model's loss the chunked loss can replace: say so (a graph
-                    # captured with lm_loss= holds no such loss any more)
-                    shortfall = (e.min_budget_bytes or 0) - e.budget_bytes
-                    if self.graph.exported is not None:
-                        e.args = (str(e) + chunked_loss_hint(self.graph.exported[1], shortfall),)
-                    raise
-                self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
-                sol = solve(self.graph, self.costs, None, mode, deadline=solving, knee_min=False,
-                            **kw)  # the search kept: at once
-        if calibrating:
-            with bar.phase("calibration"):
-                sol = self._calibrated(sol, mode, kw, deadline)
-        else:
-            bar.skip("calibration")
-        overhead = sol.meta.predicted_overhead()
-        total = "" if not reserved else (f" ({fmt_size(sol.meta.predicted_peak_bytes + reserved)} with the "
-                                         f"{fmt_size(reserved)} reserved: {sol.meta.predicted_peak_bytes + reserved} bytes)")
-        self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
-                  f"{fmt_size(sol.meta.predicted_peak_bytes)}{total}, {sol.schedule.recompute_count()} recomputations"
-                  + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
-        return sol
+        Raises:
+            InfeasibleBudgetError: infeasible and ``if_infeasible="raise"`` (with the chunked-loss
+                hint where a language model's loss could be replaced)."""
+        from monet.solver.ilp import InfeasibleBudgetError
+        from monet.solver.solve import solve
+
+        try:
+            return solve(self.graph, self.costs, budget_bytes, mode, deadline=solving, **kw)
+        except InfeasibleBudgetError as e:
+            if if_infeasible != "smallest" or e.min_budget_bytes is None:
+                # a language model's loss the chunked loss can replace: say so (a graph
+                # captured with lm_loss= holds no such loss any more)
+                shortfall = (e.min_budget_bytes or 0) - e.budget_bytes
+                if self.graph.exported is not None:
+                    e.args = (str(e) + chunked_loss_hint(self.graph.exported[1], shortfall),)
+                raise
+            self._log(f"{e}; solving at the smallest feasible budget found, {e.min_budget_bytes / 2**20:.1f} MiB")
+            return solve(self.graph, self.costs, None, mode, deadline=solving, knee_min=False,
+                         **kw)  # the search kept: at once
 
     def _calibrated(self, sol, mode: str, kw: dict, deadline):
         from monet.profiling.calibration import calibrated_solve
