@@ -315,7 +315,42 @@ class Problem:
         """The rows while node i recomputes: B[t] + Y[t, i] + (outputs + workspace of i) R[t, i],
         with Y[t, i] >= Y[t, next row] - (the stage's events between the two), Y[t, last] linked
         to Yb[t], and L[l] >= R[t, reader], L[l] >= L[l + 1] or S[t + 1, group] (`StageEvents`)."""
-        mem, T, N, G, scale, sel = self.mem, self.T, self.N, self.G, self.scale, self.sel
+        mem, T, N, scale = self.mem, self.T, self.N, self.scale
+        row_t, row_i, link, lam, ws_rows, n_rows, n_lam = self._recompute_events(held)
+        if not n_rows:
+            return
+        row_t, row_i = np.array(row_t), np.array(row_i)
+        Y = cp.Variable(n_rows, nonneg=True, name="Y")
+        last = np.ones(n_rows, dtype=bool)
+        last[:-1] = row_t[1:] != row_t[:-1]
+        L = cp.Variable(n_lam, nonneg=True, name="L") if n_lam else None
+        if n_lam:
+            self._liveness_rows(L, lam)
+        er, ek, ec, ev_coef = (np.concatenate(x) for x in zip(*link))
+        terms = 0
+        for k, var, width in ((KEEP, self.Sf, self.TG), (KEEP_NEXT, self.Sf, self.TG), (RECOMPUTE, self.Rf, self.TN),
+                              (LIVE, L, n_lam)):
+            m = ek == k
+            if m.any():
+                terms = terms + sp.csr_matrix((ev_coef[m] / scale, (er[m], ec[m])), shape=(n_rows, width)) @ var
+        nxt_y = np.flatnonzero(~last)
+        self.cons.append(Y >= sp.csr_matrix((np.ones(len(nxt_y)), (nxt_y, nxt_y + 1)), shape=(n_rows, n_rows)) @ Y
+                         + sp.csr_matrix((np.ones(last.sum()), (np.flatnonzero(last), row_t[last])),
+                                         shape=(n_rows, T)) @ Yb
+                         - terms)
+        coef = (mem.out_bytes[row_i] + mem.fwd_workspace[row_i]) / scale
+        Ut = sp.csr_matrix((np.ones(n_rows), (np.arange(n_rows), row_t)), shape=(n_rows, T))
+        expr = Ut @ B + Y + sp.csr_matrix((coef, (np.arange(n_rows), row_t * N + row_i)),
+                                          shape=(n_rows, self.TN)) @ self.Rf
+        if ws_rows:
+            expr = expr + self._recompute_workspace(ws_rows, n_rows)
+        self.bwd_rows.append(expr)
+
+    def _recompute_events(self, held):
+        """Per stage t, the rows of its recomputable nodes and the `StageEvents` between them: (row
+        stage, row node, event links (row, kind, column, coefficient), liveness groups (stage,
+        index, reader, group, last), rows of choice nodes with a workspace, rows, liveness vars)."""
+        mem, T, N, G = self.mem, self.T, self.N, self.G
         allow_r = self.allow_r
         has_ws = np.zeros(N, dtype=bool)
         has_ws[[i for i, _, _ in mem.rec_ws]] = True
@@ -343,50 +378,34 @@ class Problem:
             ws_rows += [(n_rows + a, t, i) for a, i in enumerate(nodes) if has_ws[i]]
             n_rows += len(nodes)
             n_lam += nl
-        if not n_rows:
-            return
-        row_t, row_i = np.array(row_t), np.array(row_i)
-        Y = cp.Variable(n_rows, nonneg=True, name="Y")
-        last = np.ones(n_rows, dtype=bool)
-        last[:-1] = row_t[1:] != row_t[:-1]
-        L = cp.Variable(n_lam, nonneg=True, name="L") if n_lam else None
-        lt, li, lk, lg, ll = (np.concatenate(x) for x in zip(*lam)) if n_lam else (np.zeros(0, int),) * 5
-        if n_lam:
-            self.cons.append(L[li] >= sel(lt * N + lk, self.TN) @ self.Rf)
-            more = np.flatnonzero(~ll)
-            if len(more):
-                self.cons.append(L[li[more]] >= L[li[more] + 1])
-            fin = np.flatnonzero(ll & (lt + 1 < T))
-            if len(fin):
-                self.cons.append(L[li[fin]] >= sel((lt[fin] + 1) * G + lg[fin], self.TG) @ self.Sf)
-        er, ek, ec, ev_coef = (np.concatenate(x) for x in zip(*link))
-        terms = 0
-        for k, var, width in ((KEEP, self.Sf, self.TG), (KEEP_NEXT, self.Sf, self.TG), (RECOMPUTE, self.Rf, self.TN),
-                              (LIVE, L, n_lam)):
-            m = ek == k
-            if m.any():
-                terms = terms + sp.csr_matrix((ev_coef[m] / scale, (er[m], ec[m])), shape=(n_rows, width)) @ var
-        nxt_y = np.flatnonzero(~last)
-        self.cons.append(Y >= sp.csr_matrix((np.ones(len(nxt_y)), (nxt_y, nxt_y + 1)), shape=(n_rows, n_rows)) @ Y
-                         + sp.csr_matrix((np.ones(last.sum()), (np.flatnonzero(last), row_t[last])),
-                                         shape=(n_rows, T)) @ Yb
-                         - terms)
-        coef = (mem.out_bytes[row_i] + mem.fwd_workspace[row_i]) / scale
-        Ut = sp.csr_matrix((np.ones(n_rows), (np.arange(n_rows), row_t)), shape=(n_rows, T))
-        expr = Ut @ B + Y + sp.csr_matrix((coef, (np.arange(n_rows), row_t * N + row_i)),
-                                          shape=(n_rows, self.TN)) @ self.Rf
-        if ws_rows:
-            # a choice node's workspace under its chosen option: Wr >= ws_o (R[t, i] + M[o] - 1)
-            Wr = cp.Variable(len(ws_rows), nonneg=True, name="Wr")
-            wr_i = np.array([i for _, _, i in ws_rows])
-            wr_t = np.array([t for _, t, _ in ws_rows])
-            for i, o, w in mem.rec_ws:
-                k = np.flatnonzero(wr_i == i)
-                if len(k):
-                    self.cons.append(Wr[k] >= (w / scale) * (sel(wr_t[k] * N + i, self.TN) @ self.Rf + self.Mv[o] - 1))
-            expr = expr + sp.csr_matrix((np.ones(len(ws_rows)), ([r for r, _, _ in ws_rows], np.arange(len(ws_rows)))),
-                                        shape=(n_rows, len(ws_rows))) @ Wr
-        self.bwd_rows.append(expr)
+        return row_t, row_i, link, lam, ws_rows, n_rows, n_lam
+
+    def _liveness_rows(self, L, lam) -> None:
+        """L[l] >= R[t, reader], L[l] >= L[l + 1] within a group, and the group's last L[l] >=
+        S[t + 1, group] (`StageEvents`)."""
+        T, N, G, sel = self.T, self.N, self.G, self.sel
+        lt, li, lk, lg, ll = (np.concatenate(x) for x in zip(*lam))
+        self.cons.append(L[li] >= sel(lt * N + lk, self.TN) @ self.Rf)
+        more = np.flatnonzero(~ll)
+        if len(more):
+            self.cons.append(L[li[more]] >= L[li[more] + 1])
+        fin = np.flatnonzero(ll & (lt + 1 < T))
+        if len(fin):
+            self.cons.append(L[li[fin]] >= sel((lt[fin] + 1) * G + lg[fin], self.TG) @ self.Sf)
+
+    def _recompute_workspace(self, ws_rows, n_rows: int):
+        """The workspace rows add: a choice node's workspace under its chosen option, Wr >= ws_o
+        (R[t, i] + M[o] - 1), one Wr per (row, stage, node) of ``ws_rows``."""
+        N, scale, sel = self.N, self.scale, self.sel
+        Wr = cp.Variable(len(ws_rows), nonneg=True, name="Wr")
+        wr_i = np.array([i for _, _, i in ws_rows])
+        wr_t = np.array([t for _, t, _ in ws_rows])
+        for i, o, w in self.mem.rec_ws:
+            k = np.flatnonzero(wr_i == i)
+            if len(k):
+                self.cons.append(Wr[k] >= (w / scale) * (sel(wr_t[k] * N + i, self.TN) @ self.Rf + self.Mv[o] - 1))
+        return sp.csr_matrix((np.ones(len(ws_rows)), ([r for r, _, _ in ws_rows], np.arange(len(ws_rows)))),
+                             shape=(n_rows, len(ws_rows))) @ Wr
 
     # -- objective ---------------------------------------------------------------------------
 
