@@ -517,6 +517,24 @@ def _kept_plan(model: nn.Module, key: tuple):
     return None
 
 
+def _training_module(model: nn.Module, example_inputs, loss_fn, target):
+    """(the module trained: ``model``, or ``WithLoss(model, loss_fn)`` called with ``target=``; its
+    example inputs as that module is called in training).
+
+    Raises:
+        ValueError: ``loss_fn`` without ``target``."""
+    from monet.frontend import training_inputs
+
+    inputs = ExampleInputs.of(example_inputs)
+    module = model
+    if loss_fn is not None:
+        if target is None:
+            raise ValueError("loss_fn needs an example target (target=...) to trace the loss with")
+        module = WithLoss(model, loss_fn)
+        inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
+    return module, training_inputs(module, inputs)
+
+
 def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost: str = "hybrid",
             device: str | None = None, gpu_spec: str | None = None, autocast_dtype: torch.dtype | None = None,
             cache_dir=None, progress: bool | Progress = True, reuse: bool = False, lm_loss=None,
@@ -535,7 +553,6 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
         ValueError: a malformed cost source, or ``loss_fn`` without ``target``.
     """
     from monet.capture import capture
-    from monet.frontend import training_inputs
     from monet.profiling.shallow import describe_costing
     from monet.profiling.sources import solver_costs, variant_cost_fn
     from monet.solver.solve import eager_peak
@@ -543,14 +560,7 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
 
     own = not isinstance(progress, Progress)
     bar = Progress(bool(progress), phases=("capture", "costs")) if own else progress
-    inputs = ExampleInputs.of(example_inputs)
-    module = model
-    if loss_fn is not None:
-        if target is None:
-            raise ValueError("loss_fn needs an example target (target=...) to trace the loss with")
-        module = WithLoss(model, loss_fn)
-        inputs = ExampleInputs(inputs.args, {**inputs.kwargs, "target": target})
-    inputs = training_inputs(module, inputs)
+    module, inputs = _training_module(model, example_inputs, loss_fn, target)
     device = device or inputs.first.device.type
     key = _plan_key(model, inputs, loss_fn, (cost, device, gpu_spec, autocast_dtype, str(cache_dir), lm_loss,
                                              bool(compile)))

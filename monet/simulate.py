@@ -140,6 +140,35 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
     return peak, peak_at, live
 
 
+def _workspace_of(graph: OpGraph, terms, fwd_workspace, bwd_workspace):
+    """``ws(node) -> bytes``: the workspace a node of the executor's modules holds while it runs, the
+    node's entry of ``fwd_workspace`` (N,) or ``bwd_workspace`` (T,) (by its ``monet`` tag, else by
+    its name; None: zero), plus a replayed random op's generator state (`monet.rng`)."""
+    fwd_id = {n.name: n.id for n in graph.fwd}
+    bwd_id = {n.name: n.id for n in graph.bwd}
+
+    def node_ws(n: fx.Node) -> int:
+        tag = n.meta.get("monet")
+        if tag is None:
+            if n.name in fwd_id and fwd_workspace is not None:
+                return int(fwd_workspace[fwd_id[n.name]])
+            if n.name in bwd_id and bwd_workspace is not None:
+                return int(bwd_workspace[bwd_id[n.name]])
+            return 0
+        kind, i = tag
+        if kind == "fwd" and fwd_workspace is not None:
+            return int(fwd_workspace[i])
+        if kind == "bwd" and bwd_workspace is not None:
+            return int(bwd_workspace[i])
+        return 0
+
+    def ws(n: fx.Node) -> int:
+        # a replayed random op (`monet.rng`) holds the generator's own state: a tensor, so a block
+        return node_ws(n) + terms.block(getattr(n.target, "scratch_bytes", 0))
+
+    return ws
+
+
 def simulate(graph: OpGraph, fw: fx.GraphModule | fx.Graph, bw: fx.GraphModule | fx.Graph,
              fwd_workspace=None, bwd_workspace=None, timeline: bool = False) -> SimResult:
     """Simulated peak of one iteration of the executor's modules (bytes).
@@ -162,28 +191,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule | fx.Graph, bw: fx.GraphModule |
     bw_graph = bw.graph if isinstance(bw, fx.GraphModule) else bw
     terms = memory_terms(graph)
     sized = sized_graph(graph)
-    fwd_id = {n.name: n.id for n in graph.fwd}
-    bwd_id = {n.name: n.id for n in graph.bwd}
-
-    def ws(n: fx.Node) -> int:
-        # a replayed random op (`monet.rng`) holds the generator's own state: a tensor, so a block
-        return node_ws(n) + terms.block(getattr(n.target, "scratch_bytes", 0))
-
-    def node_ws(n: fx.Node) -> int:
-        tag = n.meta.get("monet")
-        if tag is None:
-            if n.name in fwd_id and fwd_workspace is not None:
-                return int(fwd_workspace[fwd_id[n.name]])
-            if n.name in bwd_id and bwd_workspace is not None:
-                return int(bwd_workspace[bwd_id[n.name]])
-            return 0
-        kind, i = tag
-        if kind == "fwd" and fwd_workspace is not None:
-            return int(fwd_workspace[i])
-        if kind == "bwd" and bwd_workspace is not None:
-            return int(bwd_workspace[i])
-        return 0
-
+    ws = _workspace_of(graph, terms, fwd_workspace, bwd_workspace)
     constant = (sized.param_bytes + sized.buffer_bytes + sized.input_bytes + sized.tangent_bytes
                 + sized.library_bytes)
     fwd_constant = constant - sized.tangent_bytes + sized.fwd_tangent_bytes

@@ -1,18 +1,18 @@
 """Calibration of a solved schedule on the CPU: time its recomputation, correct the costs, solve again.
 
-The CPU cost sources charge each recomputation its measured operator time times one recompute
-factor per graph (`monet.profiling.dispatch.recompute_factor`), measured once on Chen's sqrt(n)
-schedule.  On a shared CPU that factor, measured on one schedule on one occasion, did not hold for
-another schedule on another occasion: torchvision's EfficientNet-B0 measured 0.99 one day and 0.75
-the next, and its 50 % schedules were then predicted 8-11 points under their measured overhead.  So where the costs are measured on the
-CPU, `calibrated_solve` times the solved schedule itself against the executor keeping everything
-and plain PyTorch (interleaved, each iteration set against plain PyTorch's of its turn:
-`dispatch.paired_medians`), takes the ratio of its measured
-recomputation to the predicted one (`calibration_ratio`), and solves once more with every
-recompute second times that ratio (`scaled_costs`); that schedule is timed too, and the faster of
-the two is returned, predicted with its own measured recomputation.  So on the CPU the predicted
-overhead of a returned schedule is calibrated on that schedule, minutes (not days) before: what
-the cost model alone predicts is in the log ("predicted ... %") and in BENCHMARKS.md's tables.
+The CPU cost sources charge each recomputation its measured operator time times one recompute factor
+per graph (`monet.profiling.dispatch.recompute_factor`), measured once on Chen's sqrt(n) schedule.
+On a shared CPU that factor, measured on one schedule on one occasion, did not hold for another
+schedule on another occasion: torchvision's EfficientNet-B0 measured 0.99 one day and 0.75 the next,
+and its 50 % schedules were then predicted 8-11 points under their measured overhead. So where the
+costs are measured on the CPU, `calibrated_solve` times the solved schedule itself against the
+executor keeping everything and plain PyTorch (interleaved, each iteration set against plain
+PyTorch's of its turn: `dispatch.paired_medians`), takes the ratio of its measured recomputation to
+the predicted one (`calibration_ratio`), and solves once more with every recompute second times that
+ratio (`scaled_costs`); that schedule is timed too, and the faster of the two is returned, predicted
+with its own measured recomputation. So on the CPU the predicted overhead of a returned schedule is
+calibrated on that schedule, minutes (not days) before: what the cost model alone predicts is in the
+log ("predicted ... %") and in BENCHMARKS.md's tables.
 
 The measured time is brought to the speed of the occasion the costs were measured on: the
 recomputation is taken relative to the keep-everything iteration measured with it (``(M - K) / K``)
@@ -260,8 +260,7 @@ def calibrated_solve(model: nn.Module, inputs, graph, costs: CostArrays, solutio
         log(note)
         return solution
     recompute = recompute_seconds(graph, costs, solution, device, cost_fn)
-    if keep is None:
-        keep = make_keep() if make_keep is not None else keep_all(model, inputs, graph, costs)
+    keep = keep if keep is not None else make_keep() if make_keep is not None else keep_all(model, inputs, graph, costs)
 
     def timed(sol, objective_s: float, recompute_s: float):
         log(f"timing the schedule ({sol.schedule.recompute_count()} recomputations) against keeping everything "
