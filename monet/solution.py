@@ -28,26 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from monet import mixed_precision
+from monet.errors import AutocastMismatchError, SolutionFileError, SolutionMismatchError
 from monet.steps import RECOMPUTE, Step, steps
+from monet.zoo.index import is_reference, resolve
 
 MAGIC = b"MONET-SOLUTION\n"
 FORMAT_VERSION = 1
 PICKLE_PROTOCOL = 4
 STATUSES = ("optimal", "gap", "time_limit", "heuristic")
 GiB = 2**30
-
-
-class SolutionFileError(ValueError):
-    """A file that cannot be read as a monet solution; the message names the file and the reason."""
-
-
-class SolutionMismatchError(ValueError):
-    """A solution made for another graph (model, batch size, input shape, dtype or ops)."""
-
-
-class AutocastMismatchError(SolutionMismatchError, RuntimeError):
-    """A solution run under another autocast setting than it was solved for (an fp32 solution under
-    ``torch.autocast``, a bf16 one without it ...); the message names both and what to do."""
 
 
 def _ints(xs) -> tuple[int, ...]:
@@ -385,9 +374,7 @@ def load_solution(path) -> Solution:
             unsupported format version, is truncated or corrupt, or references a class or function
             that is not a monet type or a numpy array; the message names the file and the reason.
     """
-    if isinstance(path, str) and path.startswith("zoo:"):
-        from monet.zoo.index import resolve
-
+    if is_reference(path):
         path = resolve(path)
     path = Path(path)
     try:

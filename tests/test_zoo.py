@@ -138,7 +138,7 @@ def test_zoo_get_writes_a_loadable_file(use_tiny_zoo, tmp_path, capsys):
     out = tmp_path / "got.pkl"
     assert main(["zoo", "get", name, "-o", str(out)]) == 0
     assert "monet solution for mobilenet_v2" in capsys.readouterr().out
-    assert load_solution(out) == zoo_index.get(name) == load_solution(f"zoo:{name}")
+    assert load_solution(out) == load_solution(zoo_index.path_of(name)) == load_solution(f"zoo:{name}")
 
 
 def test_unknown_name_is_a_clear_error(use_tiny_zoo, capsys):
@@ -146,7 +146,7 @@ def test_unknown_name_is_a_clear_error(use_tiny_zoo, capsys):
     err = capsys.readouterr().err
     assert "no zoo entry named 'mobilenet_v2-8-3x64x64-7pct'" in err and "mobilenet_v2-8-3x64x64-70pct" in err
     with pytest.raises(KeyError, match="available: "):
-        zoo_index.get("nope")
+        load_solution(zoo_index.path_of("nope"))
     with pytest.raises(SolutionFileError, match="no zoo entry named 'nope'"):
         load_solution("zoo:nope")
     assert main(["check", "zoo:nope"]) == 2
@@ -157,7 +157,7 @@ def test_empty_zoo_says_so(tmp_path, monkeypatch, capsys):
     assert main(["zoo", "list"]) == 0
     assert "the zoo is empty" in capsys.readouterr().out
     with pytest.raises(ZooEntryError, match="the zoo is empty"):
-        zoo_index.get("resnet50-184-6GB")
+        load_solution(zoo_index.path_of("resnet50-184-6GB"))
 
 
 def test_wrapper_takes_a_zoo_reference(use_tiny_zoo):
@@ -169,7 +169,7 @@ def test_wrapper_takes_a_zoo_reference(use_tiny_zoo):
     model = get_model("mobilenet_v2")
     x = example_input("mobilenet_v2", 8, TINY_SHAPE)
     wrapped = MONeTWrapper(copy.deepcopy(model), f"zoo:{name}", TINY_SHAPE)
-    assert wrapped.solution == zoo_index.get(name)
+    assert wrapped.solution == load_solution(zoo_index.path_of(name))
     for m in (wrapped, model):
         torch.manual_seed(1)  # the same dropout mask
         m(x).square().mean().backward()

@@ -8,6 +8,6 @@ build`` (`monet.zoo.build`) regenerates them.  Use one as a file path with the `
 
 or from the command line: ``monet zoo list``, ``monet zoo get NAME -o FILE``.
 """
-from .index import ZooEntryError, get, list_entries, path_of, resolve
+from .index import ZooEntryError, list_entries, path_of, resolve
 
-__all__ = ["ZooEntryError", "get", "list_entries", "path_of", "resolve"]
+__all__ = ["ZooEntryError", "list_entries", "path_of", "resolve"]

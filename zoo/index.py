@@ -15,7 +15,7 @@ import difflib
 import json
 from pathlib import Path
 
-from monet.solution import SolutionFileError
+from monet.errors import SolutionFileError
 
 ZOO_DIR = Path(__file__).resolve().parent  # the monet.zoo package folder (package data lives here)
 INDEX_NAME = "index.json"
@@ -175,13 +175,6 @@ def resolve(ref: str, root: Path | str | None = None) -> Path:
     return path_of(ref[len(PREFIX):].strip(), root)
 
 
-def get(name: str, root: Path | str | None = None):
-    """Entry ``name``'s `Solution`, read with the restricted unpickler like any solution file."""
-    from monet.solution import load_solution
-
-    return load_solution(path_of(name, root))
-
-
 def vs_best_text(record: dict) -> str:
     """A record's gap to the best schedule known, for reading: ``"+0.42 %"``; ``"new best"`` when
     its objective beats every fitting best known (``vs_best`` < 0, beyond float noise:
@@ -237,4 +230,4 @@ def list_entries(root: Path | str | None = None, raw: bool = False):
 
 
 __all__ = ["ZOO_DIR", "PREFIX", "FIELDS", "LATER_FIELDS", "TABLE", "ZooEntryError", "index_path", "load_index",
-           "save_index", "entry", "path_of", "is_reference", "resolve", "get", "list_entries", "vs_best_text"]
+           "save_index", "entry", "path_of", "is_reference", "resolve", "list_entries", "vs_best_text"]

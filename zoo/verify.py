@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monet.zoo.index import (entry, get, path_of)
+from monet.zoo.index import (entry, path_of)
 from monet.zoo.build import PROFILES, capture_config, zoo_costs
 
 
@@ -47,10 +47,10 @@ def verify(name: str, graph=None, root: Path | str | None = None) -> dict:
     from monet.executor import build_modules
     from monet.impls import apply_impls
     from monet.simulate import simulate
-    from monet.solution import SolutionFileError, check_compatible
+    from monet.solution import SolutionFileError, check_compatible, load_solution
 
     rec = entry(name, root)
-    sol = get(name, root)
+    sol = load_solution(path_of(name, root))
     m = sol.meta
     if (m.model, m.batch_size, list(m.input_shape), m.budget_bytes) != (
             rec["model"], rec["batch_size"], list(rec["input_shape"]), rec["budget_bytes"]):

@@ -107,11 +107,11 @@ def _zoo_list(args) -> int:
 def _zoo_get(args) -> int:
     import shutil
 
-    from monet.solution import describe
-    from monet.zoo.index import get, path_of
+    from monet.solution import describe, load_solution
+    from monet.zoo.index import path_of
 
-    sol = get(args.name)  # unknown names and unreadable files fail here, before writing anything
     src = path_of(args.name)
+    sol = load_solution(src)  # unknown names and unreadable files fail here, before writing anything
     print(describe(sol))
     if args.output:
         out = Path(args.output)
