@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "optimize": "monet.plan",
     "prepare": "monet.plan",
+    "Options": "monet.options",
     "WithLoss": "monet.with_loss",
     "MONeTWrapper": "monet.wrapper",
     "Solution": "monet.solution",

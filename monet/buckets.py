@@ -151,23 +151,25 @@ class BucketedWrapper(nn.Module):
         return f"buckets {self.buckets} (sequence dimension {self.dim})"
 
 
-def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *, optimize, prepare,
-                     dim: int = SEQ_DIM, **kw):
+def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *, optimize, prepare, loss_fn=None,
+                     target=None, time_limit: float = 60.0, options=None, dim: int = SEQ_DIM):
     """`monet.optimize` for every bucket length: the example inputs cut or padded to each length
     (`resized`), one budget in bytes for all (a percentage is of the longest bucket's plain peak,
-    which ``prepare`` measures first), each bucket solved in ``time_limit`` of its own.  ``optimize``
-    and ``prepare`` are `monet.plan`'s (passed in by `monet.optimize`, which calls this).
-    Returns a `BucketedWrapper`.
+    which ``prepare`` measures first), each bucket solved in ``time_limit`` of its own with the
+    `monet.options.Options` ``options``.  ``optimize`` and ``prepare`` are `monet.plan`'s (passed
+    in by `monet.optimize`, which calls this).  Returns a `BucketedWrapper`.
 
     Raises:
         ValueError: no buckets, or one that is not a positive int; as `monet.optimize`.
         monet.solver.ilp.InfeasibleBudgetError: the budget does not fit the longest bucket.
     """
+    from monet.options import Options
+
+    options = options or Options()
     lengths = sorted({int(b) for b in buckets})
     if not lengths or lengths[0] < 1:
         raise ValueError(f"buckets must be positive sequence lengths, got {buckets!r}")
     inputs = ExampleInputs.of(example_inputs)
-    target = kw.pop("target", None)
 
     def at(L):
         if target is None:
@@ -176,14 +178,16 @@ def optimize_buckets(model: nn.Module, example_inputs, buckets, budget="50%", *,
         return ExampleInputs(both.args, {k: v for k, v in both.kwargs.items() if k != "target"}), \
             {"target": both.kwargs["target"]}
     if isinstance(budget, str) and budget.strip().endswith("%"):
-        keys = ("loss_fn", "cost", "device", "gpu_spec", "autocast_dtype", "cache_dir", "compile")
         x, t = at(lengths[-1])
-        longest = prepare(model, x, progress=kw.get("progress", True), **t, **{k: kw[k] for k in keys if k in kw})
+        # plain PyTorch's peak of the model as it computes its loss (lm_loss does not change it)
+        longest = prepare(model, x, loss_fn=loss_fn, progress=options.progress, **t,
+                          **{**options.capture_and_costs(), "lm_loss": None})
         budget = parse_budget(budget, longest.eager_peak_bytes)
     solutions = {}
     for L in reversed(lengths):  # the longest first: it decides whether the budget fits at all
         x, t = at(L)
-        solutions[L] = optimize(model, x, budget, **t, **kw).solution
+        solutions[L] = optimize(model, x, budget, loss_fn=loss_fn, time_limit=time_limit, options=options,
+                                **t).solution
     return BucketedWrapper(model, solutions, dim)
 
 

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import warnings
@@ -18,6 +19,7 @@ import torch.nn as nn
 from monet.buckets import optimize_buckets
 from monet.inputs import ExampleInputs
 from monet.lm_loss import chunked_loss_hint
+from monet.options import Options
 from monet.progress import Progress
 from monet.terms import MonetWarning, arg, fmt_size
 from monet.solver import DEFAULT_GAP
@@ -74,14 +76,8 @@ def _log(message: str) -> None:
     print(f"monet: {message}", file=sys.stderr, flush=True)
 
 
-def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "normal",
-             time_limit: float = 60.0, loss_fn=None, target=None, optimizer: str | None = None,
-             accumulate_grads: bool = False, reserved_bytes: int = 0,
-             cost: str = "hybrid", device: str | None = None, gpu_spec: str | None = None,
-             autocast_dtype: torch.dtype | None = None, solver: str = "CBC", gap: float = DEFAULT_GAP,
-             cache_dir=None, progress: bool = True, if_infeasible: str = "raise",
-             offload_bandwidth: float | None = None, calibrate: bool = True, buckets=None, lm_loss=None,
-             compile: bool = False):
+def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, target=None,
+             time_limit: float = 60.0, options: Options | None = None, **overrides):
     """Solve a memory schedule for ``model`` and return it wrapped: capture, cost, solve, wrap.
 
     Args:
@@ -99,8 +95,6 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             overhead, and the log says what each further MiB would cost; the exact minimum is the one an `InfeasibleBudgetError` names, and
             ``if_infeasible="smallest"`` solves there).  With ``optimizer`` its state is taken out
             of the budget first, so the budget can be the GPU's size.
-        mode: ``"normal"`` (recompute or keep) or a full-mode string (``"full"``,
-            ``"inplace_conv_multiway_newnode"``...: operator implementations chosen too).
         time_limit: seconds for everything after the capture and the costing (both logged with
             their times): the solve, the smallest-budget search, the fallback with
             ``if_infeasible="smallest"`` and the calibration share this one deadline
@@ -114,60 +108,11 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
             transformers model given ``labels`` computes its loss inside).
         target: the example target for ``loss_fn`` (its shape and dtype are traced).
-        accumulate_grads: gradient accumulation over micro-batches (``backward`` several times
-            before ``step``): the parameters' gradients then stay allocated through every forward
-            and backward pass after the first, so their bytes are taken out of the budget too.
-        reserved_bytes: bytes held outside this graph during its forward and backward, taken out
-            of the budget too.  For one block under FSDP2 (docs/guide.md, "FSDP2"): the whole model's
-            sharded parameters, sharded gradients and sharded optimizer state (each 1/world_size
-            of the unsharded bytes), the next block's all-gathered parameters when FSDP2 prefetches,
-            and the activations the other blocks keep; the block's own all-gathered parameters and
-            unsharded gradients are in its graph already.
-        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``: count its state
-            (0, 1, 2, 2 times the parameter bytes) in the budget.  None: not counted.
-        cost: ``"hybrid"`` (measured workspace; measured times on the CPU, the roofline's on a
-            GPU), ``"analytic"`` or ``"profile"``
-            (`monet.profiling.sources`).
-        device: the device the costs are for; default the inputs' device.
-        gpu_spec: a roofline preset for analytic times on a GPU (``"h100"``, ``"p100"`` ...).
-        autocast_dtype: solve for training under ``torch.autocast(device, autocast_dtype)``.
-        solver, gap: the MILP solver ("CBC", "HIGHS", "SCIP") and the relative gap it may stop at.
-        cache_dir: where measured costs are cached (default ``~/.cache/monet/profiles``).
-        progress: a progress bar of the phases (capture, costs, solve, calibration) with their
-            elapsed times, and the solver's lines above it, on stderr (`monet.progress`); False:
-            nothing is printed.
-        if_infeasible: ``"raise"`` (default): a budget below the smallest feasible one is an
-            `InfeasibleBudgetError`; ``"smallest"``: solve at the smallest feasible budget found
-            instead (logged), as ``monet demo`` does.
-        offload_bandwidth: bytes per second (each direction) of host<->device copies: the ILP
-            may then offload kept activations to host memory besides keeping or recomputing them
-            (`monet.solver.offload`; mode ``"normal"`` only).  None (default, and on CPU): no
-            offload.  `monet.profiling.bandwidth.measure_host_bandwidth` measures it on a GPU.
-        lm_loss: for a language model trained with labels: None (default) computes its head and
-            loss as the model does; ``"chunked"`` (or a number of token rows per chunk) replaces
-            them by one op over chunks of tokens, so that the (B, T, V) logits and their
-            gradient never exist (`monet.lm_loss`; Liger Kernel's chunk size by default); the
-            model then returns no logits in training; ``"auto"``: both are solved and the faster
-            schedule under the budget is kept.
-        buckets: sequence lengths (e.g. ``[128, 256, 512]``) for batches whose length changes
-            from step to step (a collator padding to each batch's longest): one schedule per
-            bucket, solved at that length for one budget in bytes (a percentage is of the longest
-            bucket's plain peak), each in ``time_limit`` of its own; a batch of length T runs the
-            schedule of the smallest bucket of at least T tokens, a longer one is refused
-            (`monet.buckets`).  The example inputs are cut or padded to each length (dimension 1
-            of every tensor of the first one's length).  Returns a `monet.buckets.BucketedWrapper`.
-        calibrate: on the CPU with measured costs (``"hybrid"``, ``"profile"``), time the solved
-            schedule against keeping everything and plain PyTorch and predict its overhead from
-            its measured recomputation; in full mode, where it measures more than 3 % off, solve
-            again with the recompute costs scaled to the measurement and keep the faster
-            (`monet.profiling.calibration`), all within ``time_limit`` (where timing it would not
-            fit, it is not timed and the solver gets the whole limit, said in the log).  False: the cost model's
-            prediction, unmeasured.
-
-        compile: solve for the step compiled by Inductor and return a wrapper that compiles it
-            (`monet.compiled`; docs/guide.md, "torch.compile"): the costs are those of fused kernels
-            (`monet.profiling.compiled_costs`), the mode must be ``"normal"``, and nothing is
-            calibrated (the calibration times the eager step).  The first training step compiles.
+        options: a `monet.options.Options` (default ``Options()``); ``**overrides`` replace its
+            fields by name, so ``optimize(model, x, mode="full", cost="analytic")`` is
+            ``optimize(model, x, options=Options(mode="full", cost="analytic"))``.  The fields
+            (what to solve for, the costs, the solver, the training around the step) are
+            documented on `Options`.
 
     The capture and the costs of the last call on a model are kept (`prepare`): a second call on
     the same model, inputs and cost options solves again without capturing, and one after an
@@ -186,31 +131,24 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
             can be chunked, ``lm_loss="chunked"`` (`monet.lm_loss.chunked_loss_hint`).
         ValueError: a malformed budget, mode, cost source or optimizer; a budget smaller than the
             optimizer's state; ``compile=True`` with a mode other than ``"normal"``.
+        TypeError: an override that is no field of `Options` (the message lists them).
     """
     from monet.solver.ilp import InfeasibleBudgetError
 
-    if buckets is not None:
-        return optimize_buckets(model, example_inputs, buckets, budget, optimize=optimize, prepare=prepare,
-                                mode=mode, time_limit=time_limit,
-                                loss_fn=loss_fn, target=target, optimizer=optimizer, accumulate_grads=accumulate_grads,
-                                reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
-                                autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
-                                progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
-                                calibrate=calibrate, lm_loss=lm_loss, compile=compile)
-    if lm_loss == "auto":
-        return _optimize_lm_loss(model, example_inputs, budget, mode=mode, time_limit=time_limit, loss_fn=loss_fn,
-                                 target=target, optimizer=optimizer, accumulate_grads=accumulate_grads,
-                                 reserved_bytes=reserved_bytes, cost=cost, device=device, gpu_spec=gpu_spec,
-                                 autocast_dtype=autocast_dtype, solver=solver, gap=gap, cache_dir=cache_dir,
-                                 progress=progress, if_infeasible=if_infeasible, offload_bandwidth=offload_bandwidth,
-                                 calibrate=calibrate, compile=compile)
-    with warnings.catch_warnings(), Progress(progress) as bar:
-        if not progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
+    opts = Options.of(options, overrides)
+    if opts.buckets is not None:
+        return optimize_buckets(model, example_inputs, opts.buckets, budget, optimize=optimize, prepare=prepare,
+                                loss_fn=loss_fn, target=target, time_limit=time_limit,
+                                options=dataclasses.replace(opts, buckets=None))
+    if opts.lm_loss == "auto":
+        return _optimize_lm_loss(model, example_inputs, budget, loss_fn=loss_fn, target=target,
+                                 time_limit=time_limit, options=opts)
+    with warnings.catch_warnings(), Progress(opts.progress) as bar:
+        if not opts.progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
             warnings.simplefilter("ignore", MonetWarning)
         start = time.perf_counter()
-        plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, cost=cost, device=device,
-                       gpu_spec=gpu_spec, autocast_dtype=autocast_dtype, cache_dir=cache_dir, progress=bar, reuse=True,
-                       lm_loss=lm_loss, compile=compile)
+        plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, progress=bar, reuse=True,
+                       **opts.capture_and_costs())
         elapsed = time.perf_counter() - start
         limit = solve_limit(time_limit, elapsed)
         if limit < time_limit:
@@ -218,10 +156,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, mode: str = "nor
                       f"of its {time_limit:g} s, so that the call returns within about {CALL_LIMIT_FACTOR:g} x "
                       "time_limit")
         try:
-            sol = plan.solve(budget, mode=mode, time_limit=limit, optimizer=optimizer, solver=solver, gap=gap,
-                             if_infeasible=if_infeasible, accumulate_grads=accumulate_grads,
-                             reserved_bytes=reserved_bytes, offload_bandwidth=offload_bandwidth, calibrate=calibrate,
-                             progress=bar)
+            sol = plan.solve(budget, time_limit=limit, progress=bar, **opts.solving())
         except InfeasibleBudgetError:
             _KEPT[:] = [(weakref.ref(model), plan.key, plan)]  # for the call the error recommends
             raise
@@ -463,7 +398,7 @@ def loss_outside_note(graph, eager_peak_bytes: int, remedy: str = LOSS_OUTSIDE_R
             f"outputs' bytes) are not in the budget; {remedy}")
 
 
-def _optimize_lm_loss(model: nn.Module, example_inputs, budget, **kw):
+def _optimize_lm_loss(model: nn.Module, example_inputs, budget, *, options: Options, **kw):
     """`optimize` with ``lm_loss="auto"``: the model solved as it computes its loss and with the
     chunked loss (`monet.lm_loss`), each in the whole ``time_limit``, and the wrapper of the
     faster schedule that fits returned (the log says which); the ILP so weighs keeping the logits
@@ -473,7 +408,7 @@ def _optimize_lm_loss(model: nn.Module, example_inputs, budget, **kw):
     found, errors = [], []
     for choice in (None, "chunked"):
         try:
-            w = optimize(model, example_inputs, budget, lm_loss=choice, **kw)
+            w = optimize(model, example_inputs, budget, options=dataclasses.replace(options, lm_loss=choice), **kw)
         except InfeasibleBudgetError as e:
             errors.append(e)
             continue
@@ -481,7 +416,7 @@ def _optimize_lm_loss(model: nn.Module, example_inputs, budget, **kw):
     if not found:
         raise min(errors, key=lambda e: e.min_budget_bytes or float("inf"))
     _, choice, wrapper = min(found, key=lambda f: f[0])
-    if kw.get("progress", True):
+    if options.progress:
         what = "chunked loss" if choice else "model's own loss"
         each = ", ".join(f"{'chunked' if c else 'own'}: {100 * (r - 1):+.1f} %" for r, c, _ in found)
         _log(f'lm_loss="auto": the {what} gives the faster schedule ({each})')

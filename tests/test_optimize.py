@@ -197,3 +197,30 @@ def test_a_loss_outside_the_graph_is_named_and_traced_in_it_holds_the_budget(tmp
     sol = inside.solve("100%", time_limit=5)
     wrapped = inside.wrap(sol, WithLoss(copy.deepcopy(model), F.cross_entropy))
     assert chk.step_peak(wrapped, inside.inputs) <= sol.meta.budget_bytes
+
+
+def test_the_options_object_and_the_keywords_are_one_call(batch, tmp_path):
+    """``optimize(..., options=Options(...))`` and the same fields as keywords solve the same
+    schedule; a keyword that is no option is refused with the list of options."""
+    from monet.options import Options
+
+    x, y = batch
+    torch.manual_seed(0)
+    model = UserNet()
+    common = dict(budget="min", loss_fn=F.cross_entropy, target=y, time_limit=5)
+    by_keywords = monet.optimize(copy.deepcopy(model), x, **common, progress=False, cost="analytic",
+                                 cache_dir=tmp_path / "costs")
+    by_object = monet.optimize(copy.deepcopy(model), x, **common,
+                               options=Options(progress=False, cost="analytic", cache_dir=tmp_path / "costs"))
+    assert by_object.solution.schedule == by_keywords.solution.schedule
+    assert by_object.solution.meta.cost_source == by_keywords.solution.meta.cost_source
+    with pytest.raises(TypeError, match="'costs'.*its options are mode, optimizer"):
+        monet.optimize(model, x, costs="analytic")
+    with pytest.raises(TypeError, match="options= takes a monet.options.Options"):
+        monet.optimize(model, x, options={"mode": "full"})
+
+
+def test_optimize_takes_at_most_ten_parameters():
+    import inspect
+
+    assert len(inspect.signature(monet.optimize).parameters) <= 10
