@@ -16,7 +16,7 @@ allocated:
   `monet.profiling.memory.measure_peak`, so the kernels' temporaries count; CUDA:
   ``max_memory_allocated``);
 - **fwd+bwd ms**: median milliseconds of forward + backward, the backends of a shape interleaved
-  (a, b, a, b ...) in one process after a warm-up, as `monet.profiling.check.interleaved_medians`
+  (a, b, a, b ...) in one process after a warm-up, by `monet.profiling.check.interleaved_times_of`
   does for two (docs/design.md, "Measuring"); CPU times on shared machines drift by 20 % between runs.
 
 Prints a markdown table.  Memory in MiB (2^20 bytes).
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from monet.impls.attention import BACKENDS, stored_bytes
+from monet.profiling.check import interleaved_times_of
 from monet.profiling.memory import measure_peak
 
 MIB = 2 ** 20
@@ -57,18 +57,10 @@ def _kept(backend, q, k, v) -> int:
 
 
 def _medians(fns: dict, repeats: int, device) -> dict:
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds of each of ``fns`` (name -> callable), interleaved after one warm-up call
+    (`monet.profiling.check.interleaved_times_of`)."""
+    times = interleaved_times_of(list(fns.values()), repeats, 1, device)
+    return {name: statistics.median(t) for name, t in zip(fns, times)}
 
 
 def run(shape: tuple[int, int, int, int], repeats: int, device: str) -> list[str]:

@@ -204,19 +204,6 @@ def compare_gradients(make_plain, make_wrapped, x, g: torch.Tensor | None, seed:
     return grad_rel_error(ga, gb), equal, bequal
 
 
-def interleaved_medians(iterate_a, iterate_b, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, float]:
-    """Median seconds of ``iterate_a()`` and of ``iterate_b()``, each called ``warmup`` times and then
-    ``repeats`` times alternately (a, b, a, b ...) in this process (docs/design.md, "Measuring")."""
-    a, b = interleaved_medians_of((iterate_a, iterate_b), repeats, warmup, device)
-    return a, b
-
-
-def interleaved_medians_of(iterates, repeats: int = 5, warmup: int = 1, device="cpu") -> tuple[float, ...]:
-    """Median seconds of each of ``iterates`` (callables), each called ``warmup`` times and then
-    ``repeats`` times in turn (a, b, c, a, b, c ...) in this process (docs/design.md, "Measuring")."""
-    return tuple(statistics.median(t) for t in interleaved_times_of(iterates, repeats, warmup, device))
-
-
 def paired_ratio(times, reference_times) -> float:
     """Median, over the turns of an interleaved timing (`interleaved_times_of`), of one callable's
     seconds over the reference's in the same turn: both lists of equal length, the i-th of each

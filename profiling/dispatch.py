@@ -266,7 +266,7 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
         ValueError: bad ``repeats`` / ``warmup``.
     """
     from monet.inputs import ExampleInputs
-    from monet.profiling.check import interleaved_medians, training_step
+    from monet.profiling.check import interleaved_times_of, training_step
 
     if (repeats is not None and repeats < 1) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
@@ -276,8 +276,9 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
     amp = graph.autocast
     with restored(model):
         repeats = warm_up((variant, base), base, inputs, repeats, warmup, amp)
-        return interleaved_medians(lambda: training_step(variant, inputs, autocast=amp),
-                                   lambda: training_step(base, inputs, autocast=amp), repeats, 0, "cpu")
+        times = interleaved_times_of((lambda: training_step(variant, inputs, autocast=amp),
+                                      lambda: training_step(base, inputs, autocast=amp)), repeats, 0, "cpu")
+        return float(np.median(times[0])), float(np.median(times[1]))
 
 
 def recompute_factor(measured: dict, between_s: float, scale: float = 1.0) -> float:
