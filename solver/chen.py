@@ -34,7 +34,7 @@ def chen_matrices(graph: OpGraph, mem: MemoryModel) -> tuple[np.ndarray, np.ndar
     checkpoints' groups kept throughout, every other value recomputed (with what it needs) in the
     first stage that reads it and kept from then on (`solver.repair.repair` places the
     recomputations and drops what no later stage reads)."""
-    return checkpointed(graph, mem, np.isin(mem.group_node, chen_checkpoints(mem)), allowed(graph, mem)[2])
+    return checkpointed(graph, mem, np.isin(mem.group_node, chen_checkpoints(mem)), allowed(mem)[2])
 
 
 def solve_chen(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,

@@ -45,8 +45,6 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from monet.graph import OpGraph
-from monet.schedule import ancestors
 from monet.solver.memory_model import KEEP, KEEP_NEXT, LIVE, RECOMPUTE, MemoryModel
 
 
@@ -61,15 +59,15 @@ LARGE = 20000
 HUGE = 150_000
 
 
-def allowed(graph: OpGraph, mem: MemoryModel, mode: str = "normal", prune: bool = True):
+def allowed(mem: MemoryModel, mode: str = "normal", prune: bool = True):
     """Where the ILP has variables: (reads (T, G) bool: backward node t reads group g under some
     option; allow_r (T, N): node i may be recomputed in stage t, an ancestor of what the stage
     reads (none in mode "none"); allow_s (T, G): group g may be kept at the start of stage t, some
     stage from t on may need it).  Without ``prune``, MONeT's formulation as written: R and S
     everywhere.  The repairs and the greedy of `solver.repair` take ``allow_s``."""
-    N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
+    N, T, G = mem.n_fwd, mem.n_bwd, len(mem.groups)
     gnode = mem.group_node
-    anc = ancestors(graph)
+    anc = mem.ancestors
     rt, rg = mem.reads[:, 0], mem.reads[:, 1]
     reads = np.zeros((T, G), dtype=bool)  # backward node t reads group g (under some option)
     reads[rt, rg] = True
@@ -109,13 +107,13 @@ class Problem:
     families leave ``fwd_mem`` and ``bwd_rows`` for `memory_constraints`.
     """
 
-    def __init__(self, graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False,
+    def __init__(self, mem: MemoryModel, recompute_s: np.ndarray, mode: str, relax: bool = False,
                  prune: bool = True, recompute_rows: bool = True):
         t0 = time.perf_counter()
-        self.graph, self.mem = graph, mem
-        N, T, G, O = len(graph.fwd), len(graph.bwd), len(mem.groups), mem.n_options
+        self.mem = mem
+        N, T, G, O = mem.n_fwd, mem.n_bwd, len(mem.groups), mem.n_options
         self.N, self.T, self.G, self.O, self.mode = N, T, G, O, mode
-        self.reads, self.allow_r, self.allow_s = allowed(graph, mem, mode, prune)
+        self.reads, self.allow_r, self.allow_s = allowed(mem, mode, prune)
         self.cons = []
         self._variables(relax)
         self._reads()

@@ -36,7 +36,7 @@ def solve_greedy(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
     """
     t0 = time.perf_counter()
     mem = memory_model(graph, costs)
-    allow_s = allowed(graph, mem)[2]
+    allow_s = allowed(mem)[2]
     found = drop_greedily(graph, mem, allow_s, float(budget), costs.fwd_recompute, deadline.end)
     if found is None:
         why = "stopped by its deadline" if deadline.expired() else "no value left to drop"

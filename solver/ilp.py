@@ -130,7 +130,7 @@ def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budge
     """MONeT's formulation as written, for contrast: no pruned variables, no LP relaxation, no
     start, the solver called through cvxpy.  Returns sizes, times (s), objective and bound
     (seconds, with ``constant_s``; None where the solver gave none) and cvxpy's status."""
-    P = Problem(graph, mem, recompute_s, mode, prune=False)
+    P = Problem(mem, recompute_s, mode, prune=False)
     problem = cp.Problem(cp.Minimize(P.time_objective()),
                          P.cons + P.memory_constraints(float(budget) - 1e-6 * P.scale))
     run = _solve(problem, solver, time_limit, False, through_cvxpy=True)
@@ -144,7 +144,7 @@ def plain_solve(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budge
 
 def problem_size(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, mode: str) -> tuple[int, int, float]:
     """(variables, constraint rows, build seconds) of the pruned ILP at a budget (`Problem`)."""
-    P = Problem(graph, mem, recompute_s, mode)
+    P = Problem(mem, recompute_s, mode)
     problem = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(1.0))
     return (sum(v.size for v in problem.variables()), sum(c.size for c in problem.constraints), P.build_time_s)
 
@@ -154,7 +154,7 @@ def _search_only(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recomput
                  t0: float) -> ILPResult:
     """`solve_ilp` above `HUGE` variables: `search`'s schedule in the whole limit (iterated), status
     ``heuristic``, no bound.  Raises `InfeasibleBudgetError` as `solve_ilp` does."""
-    n_vars = int(allowed(graph, mem, mode)[1].sum() + allow_s.sum())
+    n_vars = int(allowed(mem, mode)[1].sum() + allow_s.sum())
     found = search(graph, mem, allow_s, recompute_s, float(budget), None, t0 + time_limit - 1.0, iterate=True,
                    peak_of=peak_of)
     if found is not None and peak_of is not None and peak_of(found[0], found[1]) > budget:
@@ -201,7 +201,7 @@ def solve_min_budget(graph: OpGraph, mem: MemoryModel, mode: str = "normal", sol
             peak = peak_of(S, R)
         return int(np.ceil(peak)), False, S, R, None, None
     lower, frac_lp = min_budget_relaxation(graph, mem, mode, 0.3 * time_limit)
-    P = Problem(graph, mem, np.zeros(len(graph.fwd)), mode)
+    P = Problem(mem, np.zeros(len(graph.fwd)), mode)
     b = P.budget_var  # in units of P.scale bytes
     problem = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     start = mip_start(P, graph, mem, np.zeros(len(graph.fwd)), None)
@@ -493,7 +493,7 @@ def solve_ilp(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, budget:
     if allow_s is not None:
         return _search_only(graph, mem, allow_s, recompute_s, budget, mode, solver, time_limit, constant_s,
                             peak_of, progress, smallest, t0)
-    P = Problem(graph, mem, recompute_s, mode)
+    P = Problem(mem, recompute_s, mode)
     # 1e-6 below the budget: solvers accept violations up to their tolerance
     limit = float(budget) - 1e-6 * P.scale
     problem = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(limit))

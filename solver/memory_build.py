@@ -11,6 +11,7 @@ import numpy as np
 from monet.graph import OpGraph, tensors_in
 from monet.profiling.cuda_memory import memory_terms, sized_graph
 from monet.rng import random_op_device, state_meta
+from monet.schedule import ancestors
 from monet.solver.memory_model import MemoryModel, Option
 
 
@@ -320,4 +321,5 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
                        group_node=np.array(groups.node, dtype=int), group_of=groups.of,
                        group_option=np.array(groups.option, dtype=int), rec_ws=rec_ws,
                        options=given_options, choices=choices, rng_state_bytes=rng_bytes,
+                       ancestors=ancestors(graph),
                        **_stage_reads(graph, options, groups, choices, governed, out_bytes))

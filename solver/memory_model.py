@@ -142,6 +142,8 @@ class MemoryModel:
             from node k on in the forward pass and through every stage (the executor frees it
             after its last recomputation) if R recomputes node k anywhere, and once more while
             node k is replayed (``fwd_workspace``: the generator's own state, held to restore it).
+        ancestors: (N, N) bool: forward node i depends on forward node j, transitively
+            (`monet.schedule.ancestors`); what a stage may recompute to get what it reads.
         offload: the `solver.offload.OffloadModel` (None: no offload).  The peaks below take the
             offloaded groups O (G,) 0/1; without O, `OffloadModel.effective` of the schedule
             (the allowed groups it keeps through their off-device window).
@@ -170,11 +172,22 @@ class MemoryModel:
     bwd_read_bytes: np.ndarray = None
     live_opt: np.ndarray = None
     rng_state_bytes: np.ndarray = None
+    ancestors: np.ndarray = None
     offload: object = None  # `solver.offload.OffloadModel` when offload to host is planned
 
     @property
     def n_options(self) -> int:
         return len(self.options)
+
+    @property
+    def n_fwd(self) -> int:
+        """N, the forward nodes."""
+        return len(self.out_bytes)
+
+    @property
+    def n_bwd(self) -> int:
+        """T, the backward nodes (stages)."""
+        return len(self.bwd_const)
 
     def node_to_group(self, S_nodes: np.ndarray) -> np.ndarray:
         """(T, N) node-level keep matrix -> (T, G): a kept node keeps all its groups."""

@@ -29,7 +29,7 @@ def lp_relaxation(graph: OpGraph, mem: MemoryModel, recompute_s: np.ndarray, bud
     17 / 27 s instead of 22 / 44 / 58 s.  scipy's HiGHS releases the GIL: `solve_ilp` and
     `solver.portfolio.solve_full` run it in a thread next to the local search at full scale.
     """
-    P = Problem(graph, mem, recompute_s, mode, relax=True, recompute_rows=False)
+    P = Problem(mem, recompute_s, mode, relax=True, recompute_rows=False)
     relaxed = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(float(budget)))
     if not _solve_lp(relaxed, time_limit):
         return None, None, None
@@ -50,7 +50,7 @@ def min_budget_relaxation(graph: OpGraph, mem: MemoryModel, mode: str = "normal"
     here (0.2 s) and a schedule simulated at 56.94 %.  Budgets below the bound are infeasible in
     the model; a schedule found at or below it is the model's smallest.
     """
-    P = Problem(graph, mem, np.zeros(len(graph.fwd)), mode, relax=True, recompute_rows=False)
+    P = Problem(mem, np.zeros(len(graph.fwd)), mode, relax=True, recompute_rows=False)
     b = P.budget_var
     relaxed = cp.Problem(cp.Minimize(b), P.cons + P.memory_constraints(b))
     if not _solve_lp(relaxed, time_limit):

@@ -39,7 +39,7 @@ def solve_rounding(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: 
     t0 = time.perf_counter()
     mem = memory_model(graph, costs)
     lp, frac_s, _ = lp_relaxation(graph, mem, costs.fwd_recompute, float(budget), "normal", max(1.0, deadline.left()))
-    found = round_and_repair(graph, mem, frac_s, allowed(graph, mem)[2], float(budget), costs.fwd_recompute,
+    found = round_and_repair(graph, mem, frac_s, allowed(mem)[2], float(budget), costs.fwd_recompute,
                              simulated_peak_fn(graph, costs, mem))
     if found is None:
         raise InfeasibleBudgetError(budget, None, "normal (LP rounding and repair: no repaired candidate fits)")

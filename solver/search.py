@@ -208,5 +208,5 @@ def huge_allow_s(graph: OpGraph, mem: MemoryModel, mode: str) -> np.ndarray | No
     search alone."""
     if mode != "normal" or mem.n_options or mem.offload is not None:
         return None
-    _, allow_r, allow_s = allowed(graph, mem, mode)
+    _, allow_r, allow_s = allowed(mem, mode)
     return allow_s if int(allow_r.sum()) + int(allow_s.sum()) > HUGE else None

@@ -146,7 +146,7 @@ def frontier(graph: OpGraph, costs: CostArrays, least: int, R_least: np.ndarray)
     repaired checkpoint sets (`solver.repair.candidate_keeps`), their peaks the ILP's memory (an
     upper bound of the simulator's)."""
     mem = memory_model(graph, costs)
-    allow_s = allowed(graph, mem)[2]
+    allow_s = allowed(mem)[2]
     rec = np.asarray(costs.fwd_recompute, dtype=float)
     points = [(float(least), float(rec @ np.asarray(R_least).sum(axis=0)))]
     points += [(c.peak, c.cost) for c in structured_candidates(graph, mem, rec, allow_s, None)]

@@ -134,13 +134,13 @@ def test_no_chain_without_repetition():
     assert find_chains(graph) == []
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    assert Structure(graph, mem, costs.fwd_recompute, allowed(graph, mem)[2]).candidates(None) == []
+    assert Structure(graph, mem, costs.fwd_recompute, allowed(mem)[2]).candidates(None) == []
 
 
 def test_every_block_policy_is_a_schedule_the_ilp_memory_bounds(stack):
     _, _, graph, costs = stack
     mem = memory_model(graph, costs)
-    st = Structure(graph, mem, costs.fwd_recompute, allowed(graph, mem)[2])
+    st = Structure(graph, mem, costs.fwd_recompute, allowed(mem)[2])
     cands = st.candidates(0.5 * eager_peak(graph, costs))
     names = {c.name for c in cands}
     assert {"blocks:recompute", "blocks:recompute-every", "blocks:full", "blocks:compute"} <= names
@@ -214,7 +214,7 @@ def per_block_checkpointing(graph, costs, feed: int, ends: list[int]):
     ``feed``, the node whose output is block 0's input, to the last block end.  Returns (S (T, G), R (T, N),
     inside (N,) bool, kept (N,) bool)."""
     mem = memory_model(graph, costs)
-    allow_s = allowed(graph, mem)[2]
+    allow_s = allowed(mem)[2]
     first = min(n.id for n in graph.fwd if feed in n.fwd_inputs)
     inside = np.zeros(len(graph.fwd), dtype=bool)
     inside[first:ends[-1] + 1] = True
@@ -255,7 +255,7 @@ def test_solver_never_slower_than_per_block_checkpointing(stack, name, slack):
     if slack == 1.0:
         # and without any time to search (as at 96 layers, where no MIP solver runs and the local
         # search has little time per node): the block-level candidates alone meet it
-        found = search(graph, mem, allowed(graph, mem)[2], costs.fwd_recompute, mem.peak(S, R), None,
+        found = search(graph, mem, allowed(mem)[2], costs.fwd_recompute, mem.peak(S, R), None,
                        time.perf_counter())
         assert found is not None and found[2] <= per_block_cost + 1e-12
 
@@ -290,7 +290,7 @@ def _llama_per_block():
     graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    allow_s = allowed(graph, mem)[2]
+    allow_s = allowed(mem)[2]
     per_block = next(c for c in Structure(graph, mem, costs.fwd_recompute, allow_s).uniform()
                      if c.name == "blocks:recompute")
     return graph, costs, mem, simulated_peak_fn(graph, costs, mem), allow_s, per_block
@@ -341,7 +341,7 @@ def test_the_search_takes_what_the_ilps_over_count_hides(stack):
 
     _, _, graph, costs = stack
     mem = memory_model(graph, costs)
-    allow_s = allowed(graph, mem)[2]
+    allow_s = allowed(mem)[2]
     st = Structure(graph, mem, costs.fwd_recompute, allow_s)
     per_block = next(c for c in st.uniform() if c.name == "blocks:recompute")
     budget = per_block.peak

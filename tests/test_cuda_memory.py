@@ -188,7 +188,7 @@ def test_ilp_memory_bounds_the_simulator_on_a_cuda_graph(request, case, n, gener
     random = mem.rng_state_bytes > 0
     assert random.sum() >= 2
     assert (mem.rng_state_bytes[random] == {"cpu": 5120, "cuda": 512}[generator]).all()
-    P = formulation.Problem(cuda, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(mem, np.zeros(len(graph.fwd)), "normal")
     rng = np.random.default_rng(0)
     recomputed_random = 0
     for k in range(n):

@@ -38,7 +38,7 @@ def bn_case():
     graph = capture(model, x)
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
     schedules = {"keep-all": schedule_from_matrices(graph, *keep_all_matrices(graph)),
                  "keep-nothing": schedule_from_matrices(graph, mem.group_to_node(S), R)}

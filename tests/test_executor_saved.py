@@ -84,7 +84,7 @@ def _keep_nothing(graph):
     """The schedule that keeps nothing it can recompute (the attention node is recomputed)."""
     costs = costs_for(graph, analytic_costs(graph))
     mem = memory_model(graph, costs)
-    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(mem, np.zeros(len(graph.fwd)), "normal")
     S, R = repair(graph, mem, np.zeros((P.T, P.G), dtype=bool), P.allow_s)
     return schedule_from_matrices(graph, mem.group_to_node(S), R)
 

@@ -24,7 +24,7 @@ def _graph_and_memory(case):
 
 def _schedules(graph, mem, n, seed=0):
     """(S (T, N), R (T, N)) of repaired random keep choices, keep-nothing and keep-everything first."""
-    P = formulation.Problem(graph, mem, np.zeros(len(graph.fwd)), "normal")
+    P = formulation.Problem(mem, np.zeros(len(graph.fwd)), "normal")
     rng = np.random.default_rng(seed)
     for k in range(n):
         if k < 2:

@@ -88,7 +88,7 @@ def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch
     costs = costs_for(graph, analytic_costs(graph))
     plain = eager_peak(graph, costs)
     mem = memory_model(graph, costs)
-    allow_s = formulation.allowed(graph, mem)[2]
+    allow_s = formulation.allowed(mem)[2]
     past = time.perf_counter() - 1.0
     everyone = repaired_candidates(graph, mem, None, allow_s)
     # a graph this small gets every candidate whatever the deadline: no dependence on speed

@@ -159,7 +159,7 @@ def test_relaxation_charges_every_recomputation_and_every_read(case, request):
         skip_in_ci("the ResNet's full-mode relaxation", 44, "CI relaxes the other cases")
     options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
     for budget in (0.6 * eager, 0.7 * eager, 0.8 * eager):  # the smallest the relaxation fits
-        P = formulation.Problem(graph, mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
+        P = formulation.Problem(mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
         lp = cp.Problem(cp.Minimize(P.time_objective()), P.cons + P.memory_constraints(budget))
         lp.solve(solver=cp.SCIPY, scipy_options={"method": "highs"})
         if lp.status == cp.OPTIMAL:
@@ -206,7 +206,7 @@ def test_drop_starts_fit_the_budget_and_drop_nothing_at_the_plain_peak(case, sta
     make = drop_greedily if start == "greedy" else drop_windows
     graph, costs, eager = case
     mem = memory_model(graph, costs)
-    P = formulation.Problem(graph, mem, costs.fwd_recompute, "normal")
+    P = formulation.Problem(mem, costs.fwd_recompute, "normal")
     S, R, cost = make(graph, mem, P.allow_s, eager, costs.fwd_recompute, time.perf_counter() + 60)
     assert cost == 0 and not R.any()
     peak_of = simulated_peak_fn(graph, costs, mem)
