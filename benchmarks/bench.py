@@ -559,9 +559,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="warm-up iterations before timing (default 1)")
     p.add_argument("--compile-budgets", default=",".join(f"{b:g}" for b in COMPILE_BUDGETS),
                    help="activation_memory_budget settings for the torch.compile peer")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "bench.md"),
-                   help="markdown file of its own to write (default benchmarks/results/bench.md); a file this "
-                        "script did not write (BENCHMARKS.md) is refused")
+    p.add_argument("--out", default="bench.md",
+                   help="markdown file of its own to write (default bench.md in the working folder; "
+                        "benchmarks/results/ holds raw rows only); a file this script did not write "
+                        "(BENCHMARKS.md) is refused")
     args = p.parse_args(argv)
     args.compile_budgets = [float(b) for b in args.compile_budgets.split(",") if b.strip()]
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -593,7 +594,7 @@ def main(argv=None) -> int:
     if out.exists() and not out.read_text().startswith(TITLE):
         raise SystemExit(f"bench.py: {out} was not written by this script ({TITLE!r} is not its first line): "
                          "it would be overwritten as a whole; give --out a file of its own "
-                         "(default benchmarks/results/bench.md)")
+                         "(default bench.md)")
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results: list[ModelResult] = []
