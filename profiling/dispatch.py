@@ -290,7 +290,7 @@ def recompute_factor(measured: dict, between_s: float, scale: float = 1.0) -> fl
     On the CPU a recomputed value is still in cache when the backward pass reads it, so the
     backward pass runs faster than with stored values (MobileNetV2, batch 8, 96x96: 70-78 ms at a
     50 % schedule against 93.5 ms keeping everything), which per-operator costs do not see; the
-    factor charges recomputation what it measurably adds.  Scratch runs (stop 25 note) found 0.74-0.98.
+    factor charges recomputation what it measurably adds (docs/design.md, Note [CPU node seconds]).
     """
     predicted = scale * measured["chen_recompute_s"] + measured["chen_recomputations"] * between_s
     if predicted < FACTOR_FLOOR * measured["chen_executor_s"]:
