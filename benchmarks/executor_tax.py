@@ -214,10 +214,12 @@ def goal(res: Result) -> str:
     return "within spread"
 
 
-def table(results: list[Result]) -> str:
-    """The markdown table of ``results``."""
-    from monet.profiling.markdown import md_table
+HEADER = ["row", "model", "batch", "inputs", "device", "nodes (fwd+bwd)", "plain ms", "MONeT keep-all ms", "tax %",
+          "spread: quartiles %", "pairs", f"goal <= {100 * GOAL:g} %", "tax of forward / backward %"]
 
+
+def table_rows(results: list[Result]) -> list[list[str]]:
+    """One row of cells (`HEADER`) per result."""
     rows = []
     for r in results:
         c = r.case
@@ -228,9 +230,14 @@ def table(results: list[Result]) -> str:
                      f"{1e3 * r.monet_s:.2f}", f"{100 * r.tax:+.1f}",
                      f"{100 * r.q25:+.1f} / {100 * r.q75:+.1f}", str(r.pairs), goal(r),
                      f"{100 * r.forward_tax:+.1f} / {100 * r.backward_tax:+.1f}"])
-    return md_table(["row", "model", "batch", "inputs", "device", "nodes (fwd+bwd)", "plain ms", "MONeT keep-all ms",
-                     "tax %", "spread: quartiles %", "pairs", f"goal <= {100 * GOAL:g} %",
-                     "tax of forward / backward %"], rows)
+    return rows
+
+
+def table(results: list[Result]) -> str:
+    """The markdown table of ``results``."""
+    from monet.profiling.markdown import md_table
+
+    return md_table(HEADER, table_rows(results))
 
 
 def parse_args(argv=None):
@@ -238,6 +245,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (default): the CPU rows, and the CUDA "
                                                      "rows where CUDA is available")
     p.add_argument("--rows", default=None, help=f"comma-separated rows of {', '.join(ROWS)}")
+    p.add_argument("--csv", type=Path, default=None, help="append the rows, with their provenance, to this raw "
+                   "results file (benchmarks/results/executor-tax.csv: `benchmarks/report.py` renders it)")
     p.add_argument("--pairs", type=int, default=None, help=f"timed pairs per row (default: about --target-s "
                                                            f"seconds per side, at least {MIN_PAIRS})")
     p.add_argument("--target-s", type=float, default=10.0, help="seconds per side when --pairs is not given")
@@ -308,6 +317,11 @@ def main(argv=None) -> int:
           + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {time.time() - started:.0f} s")
     print()
     print(table(results))
+    if args.csv:
+        from monet.profiling.raw_results import append_rows, command_line, provenance
+
+        append_rows(args.csv, [dict(zip(HEADER, r)) for r in table_rows(results)],
+                    provenance(command_line("python benchmarks/executor_tax.py", argv)))
     return 0
 
 

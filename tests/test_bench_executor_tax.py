@@ -4,13 +4,18 @@ import pytest
 import executor_tax as et
 
 
-def test_one_row_prints_its_table(capsys):
+def test_one_row_prints_its_table(capsys, tmp_path):
+    import pandas as pd
+
     import reach_models as rm
 
     reason = rm.missing("transformers")
     if reason:
         pytest.skip(reason)
-    assert et.main(["--rows", "gpt2-b2", "--pairs", "3", "--clock", "cpu"]) == 0
+    raw = tmp_path / "tax.csv"
+    assert et.main(["--rows", "gpt2-b2", "--pairs", "3", "--clock", "cpu", "--csv", str(raw)]) == 0
+    rows = pd.read_csv(raw, dtype=str, keep_default_na=False)  # the printed row, with its provenance
+    assert list(rows.row) == ["gpt2-b2"] and rows.command[0].startswith("python benchmarks/executor_tax.py --rows")
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| gpt2-b2 "))
     cells = [c.strip() for c in row.strip("|").split("|")]
