@@ -117,8 +117,8 @@ def record(cfg: Config, device: str, out: Path, profile: Path | None, time_limit
     from monet.models import build
     from monet.profiling.trace import record_trace
     from monet.profiling.trace_compare import compare_trace
-    from monet.schedule import schedule_from_matrices
-    from monet.solver.simulated import eager_peak, keep_all_matrices
+    from monet.matrices import schedule_from_matrices
+    from monet.solver.finish import eager_peak, keep_all_matrices
     from monet.solver.ilp import InfeasibleBudgetError
     from monet.solver.solve import parse_budget, solve
 

@@ -127,7 +127,7 @@ def section(rows: list[dict], command: str, started: str, elapsed: float, finish
         "is a local search's, stopped by its wall-clock limit on cores shared with other jobs, so the same "
         "row moves by several points between runs, and an offload row can come out slower than the "
         "recompute-only one at a loose budget (its solve splits the limit over two offload policies, "
-        "`solver.normal._solve_offload_policies`). The robust signal is where the copies are free: at "
+        "`solver.ilp_peer._solve_offload_policies`). The robust signal is where the copies are free: at "
         "NVLink-C2C rates the forward and backward compute hide every copy, so keeping everything and "
         "offloading what does not fit costs nothing; at PCIe rates they hide about 1.5-2 GiB per pass on "
         "these H100 iteration times (50 GB/s x 33-44 ms of forward compute), so offload changes little and "

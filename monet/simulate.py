@@ -17,7 +17,7 @@ Peak memory here is the quantity docs/design.md ("Measuring") measures: bytes al
 plus backward, after warm-up, with parameter gradients set to None beforehand.
 
 `schedule_peak` is the one peak function of a schedule: every other peak is derived from it
-(`monet.solver.simulated.simulated_peak_fn`, the solver's view on its matrices) or tested against it
+(`monet.solver.finish.simulated_peak_fn`, the solver's view on its matrices) or tested against it
 (`monet.solver.memory_model.MemoryModel.peak`, the ILP's linear upper bound).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ A `monet.solution.Schedule` is what a solution file stores (kept forward nodes, 
 recomputations and releases, offloads).  `steps` reads it as a list of typed steps, as Checkmate
 (Jain et al., MLSys 2020) keeps a schedule: its code's ``ScheduledResult`` is a list of compute,
 allocate and deallocate operations.  So the executor (`monet.executor`), the ILP-side accounting
-(`monet.schedule.matrices_from_schedule`) and the summaries all read the same sequence instead of
+(`monet.matrices.matrices_from_schedule`) and the summaries all read the same sequence instead of
 walking the stages each in its own way.
 
 Stages are numbered as the rows of MONeT's S and R matrices (Shah et al., ICLR 2021, Sec. 4, with

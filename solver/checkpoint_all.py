@@ -1,7 +1,7 @@
 """Checkpoint-all: keep every activation, recompute nothing (plain PyTorch; mode ``none``).
 
 A peer of the other solvers (`solver.chen`, `solver.greedy`, `solver.rounding`,
-`solver.normal`): the same signature, compared on the same inputs by `benchmarks/bench_solver.py`.
+`solver.ilp_peer`): the same signature, compared on the same inputs by `benchmarks/bench_solver.py`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from monet.profiling.costs import CostArrays
 from monet.solution import Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import InfeasibleBudgetError
-from monet.solver.simulated import finish_solution, keep_all_matrices
+from monet.solver.finish import finish_solution, keep_all_matrices
 
 
 def solve_checkpoint_all(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,

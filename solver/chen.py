@@ -26,7 +26,7 @@ from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.memory_model import MemoryModel
 from monet.solver.repair import checkpointed, chen_checkpoints
-from monet.solver.simulated import finish_solution, memory_model
+from monet.solver.finish import finish_solution, memory_model
 
 
 def chen_matrices(graph: OpGraph, mem: MemoryModel) -> tuple[np.ndarray, np.ndarray]:

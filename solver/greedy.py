@@ -3,7 +3,7 @@
 `solver.repair.drop_greedily` builds a schedule from keep-everything by dropping values where
 memory is over the budget (the rematerialisation greedy of Chen et al. 2016, Sec. 4, and Kirisame
 et al. 2021's cost per byte, on MONeT's stages); `solver.repair.improve`'s greedy descent then
-recomputes less while memory allows, until the deadline.  The ILP (`solver.normal`) starts from
+recomputes less while memory allows, until the deadline.  The ILP (`solver.ilp_peer`) starts from
 this schedule among others, so its objective is at most this one's.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from monet.solver.deadline import Deadline
 from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.repair import drop_greedily, improve
-from monet.solver.simulated import finish_solution, memory_model
+from monet.solver.finish import finish_solution, memory_model
 
 
 def solve_greedy(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,

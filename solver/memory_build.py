@@ -11,7 +11,7 @@ import numpy as np
 from monet.graph import OpGraph, tensors_in
 from monet.profiling.cuda_memory import memory_terms, sized_graph
 from monet.rng import random_op_device, state_meta
-from monet.schedule import ancestors
+from monet.matrices import ancestors
 from monet.solver.memory_model import MemoryModel, Option
 
 

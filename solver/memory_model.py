@@ -143,7 +143,7 @@ class MemoryModel:
             after its last recomputation) if R recomputes node k anywhere, and once more while
             node k is replayed (``fwd_workspace``: the generator's own state, held to restore it).
         ancestors: (N, N) bool: forward node i depends on forward node j, transitively
-            (`monet.schedule.ancestors`); what a stage may recompute to get what it reads.
+            (`monet.matrices.ancestors`); what a stage may recompute to get what it reads.
         offload: the `solver.offload.OffloadModel` (None: no offload).  The peaks below take the
             offloaded groups O (G,) 0/1; without O, `OffloadModel.effective` of the schedule
             (the allowed groups it keeps through their off-device window).

@@ -19,8 +19,8 @@ from monet.solver.deadline import Deadline
 from monet.solver.formulation import LARGE
 from monet.solver.ilp import InfeasibleBudgetError, problem_size, solve_ilp
 from monet.solver.relaxation import min_budget_relaxation, relaxation_in_background, relaxation_result
-from monet.solver.normal import solve_normal
-from monet.solver.simulated import eager_peak, finish_solution, simulated_peak_fn
+from monet.solver.ilp_peer import solve_normal
+from monet.solver.finish import eager_peak, finish_solution, simulated_peak_fn
 from monet.solver.smallest import smallest_schedule
 
 # The conditions a step's ``when`` may name (all must hold when the step's turn comes).
@@ -84,7 +84,7 @@ class Policy:
 _REST = dict(of_left=1.0, floor_s=1.0, floor_of_limit=0.5, floor_cap_s=5.0)
 
 POLICY = Policy(steps=(
-    Step("normal", "no implementation choices: normal mode's ILP (solver.normal.solve_normal)",
+    Step("normal", "no implementation choices: normal mode's ILP (solver.ilp_peer.solve_normal)",
          when=("no_options",), terminal=True, **_REST),
     # below the LP relaxation's bound on the smallest budget (0.2 s for VGG-16 at batch 176) no
     # schedule fits the ILP's memory: only the smallest-budget search's schedule can (the

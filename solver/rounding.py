@@ -17,7 +17,7 @@ from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.relaxation import lp_relaxation
 from monet.solver.repair import round_and_repair
-from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn
+from monet.solver.finish import finish_solution, memory_model, simulated_peak_fn
 
 
 def solve_rounding(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,

@@ -34,7 +34,7 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     `solver.repair.improve`: a descent from each, then (``iterate``) an iterated local search from
     the best.
 
-    With ``peak_of`` (the simulator's peak of (S, R), `solver.simulated.simulated_peak_fn`), the
+    With ``peak_of`` (the simulator's peak of (S, R), `solver.finish.simulated_peak_fn`), the
     block-level candidates whose ILP memory is over the budget by at most `NEAR_SLACK` are
     simulated too (the `NEAR_CHECKS` cheapest): the ILP's memory bounds the simulator's from above
     (it does not credit the executor's in-place ReLU and add), and where the simulator, which the

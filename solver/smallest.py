@@ -20,7 +20,7 @@ from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError, solve_min_budget
 from monet.solver.offload import check_offload
 from monet.solver.repair import repaired_candidates
-from monet.solver.simulated import eager_peak, finish_solution, memory_model, simulated_peak_fn
+from monet.solver.finish import eager_peak, finish_solution, memory_model, simulated_peak_fn
 from monet.solver.structured import lower_hull, structured_candidates
 from monet.terms import fmt_size
 

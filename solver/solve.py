@@ -8,7 +8,7 @@ one file each, compared on the same inputs by `benchmarks/bench_solver.py --peer
 * `solver.chen.solve_chen`: Chen et al. 2016's sqrt(n) checkpoints;
 * `solver.greedy.solve_greedy`: the greedy that drops values where memory is short;
 * `solver.rounding.solve_rounding`: the LP relaxation, rounded and repaired;
-* `solver.normal.solve_normal`: MONeT's ILP, recompute-or-store (`monet.solver.ilp`);
+* `solver.ilp_peer.solve_normal`: MONeT's ILP, recompute-or-store (`monet.solver.ilp`);
 * `solver.portfolio.solve_full`: the ILP choosing operator implementations too (MONeT's other
   modes), a portfolio of solves under one deadline with its policy in one table.
 
@@ -25,7 +25,7 @@ import dataclasses
 from monet.graph import OpGraph
 from monet.impls import MODES, mode_tokens
 from monet.profiling.costs import CostArrays
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.solution import Solution
 from monet.solver.budget import parse_budget  # noqa: F401 (monet.solver.solve's name)
 from monet.solver.checkpoint_all import solve_checkpoint_all
@@ -35,11 +35,11 @@ from monet.solver.choices import (analytic_cost_fn, chosen_graph, fixed_time, fu
 from monet.solver.deadline import Deadline
 from monet.solver.greedy import solve_greedy
 from monet.solver.ilp import InfeasibleBudgetError
-from monet.solver.normal import solve_normal
+from monet.solver.ilp_peer import solve_normal
 from monet.solver.offload import check_offload
 from monet.solver.portfolio import solve_full
 from monet.solver.rounding import solve_rounding
-from monet.solver.simulated import eager_peak, keep_all_matrices, memory_model  # noqa: F401
+from monet.solver.finish import eager_peak, keep_all_matrices, memory_model  # noqa: F401
 from monet.solver.smallest import (KNEE_PRICE, _smallest, frontier, knee, min_budget, min_budget_lower, searched,  # noqa: F401
                                    smallest_schedule)
 

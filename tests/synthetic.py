@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from monet.graph import OpGraph, build_opgraph
 from monet.profiling.costs import CostArrays
-from monet.solver.simulated import simulated_schedule
+from monet.solver.finish import simulated_schedule
 
 _OPS = {1: torch.ops.aten.sin.default, 2: torch.ops.aten.mul.Tensor, 3: torch.ops.aten.addcmul.default}
 

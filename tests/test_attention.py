@@ -21,7 +21,7 @@ from monet.impls.attention import BACKENDS, FUSED, math_backward, math_forward, 
 from monet.profiling import check as chk
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.simulate import schedule_peak, simulate
 from monet.solver.solve import eager_peak, keep_all_matrices, solve
 from monet.wrapper import MONeTWrapper, scheduled_module

@@ -22,12 +22,12 @@ from monet.capture import capture
 from monet.graph import node_signatures
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.simulate import schedule_peak
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.solver.blocks import crossing_bytes, find_chains
 from monet.solver.formulation import allowed
 from monet.solver.search import search
 from monet.solver.repair import checkpointed
-from monet.solver.simulated import eager_peak, memory_model
+from monet.solver.finish import eager_peak, memory_model
 from monet.solver.solve import solve
 from monet.solver.structured import Structure, lower_hull
 
@@ -284,7 +284,7 @@ def _llama_per_block():
     import depth  # benchmarks/ (on the path: tests/conftest.py)
     from monet.frontend import training_inputs
     from monet.inputs import ExampleInputs
-    from monet.solver.simulated import simulated_peak_fn
+    from monet.solver.finish import simulated_peak_fn
 
     model, inputs = depth.build("llama", 4, 64, 64, 2, 128)
     graph = capture(model, training_inputs(model, ExampleInputs.of(inputs)))

@@ -26,7 +26,7 @@ from monet.profiling.sources import (COST_SOURCES, QUICK, between_operators, cos
                                      variant_cost_fn)
 from monet.solver import DEFAULT_GAP
 from monet.solver.choices import implementation_options, option_seconds
-from monet.solver.simulated import eager_peak
+from monet.solver.finish import eager_peak
 from monet.solver.solve import solve
 
 SHAPE = (4, 3, 16, 16)

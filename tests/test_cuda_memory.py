@@ -12,7 +12,7 @@ from monet.capture import capture
 from monet.executor import build_modules
 from monet.profiling import cuda_memory as cm
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate
 from monet.solver import formulation
 from monet.solver.repair import repair

@@ -21,7 +21,7 @@ from monet.executor import build_modules
 from monet.impls import lower_for_device
 from monet.impls.batchnorm import (cudnn_batch_norm_functional, cudnn_batch_norm_grad, cudnn_batch_norm_inplace,
                                    eager_runs_cudnn)
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate
 
 

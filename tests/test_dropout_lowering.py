@@ -13,7 +13,7 @@ from monet.capture import capture
 from monet.impls import dropout, lower_for_device
 from monet.impls.registry import fake_value
 from monet.profiling.check import output_grad
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.wrapper import scheduled_module
 
 aten = torch.ops.aten

@@ -28,7 +28,7 @@ from monet.impls.attention import Backend, _rewrite, flash_cpu_backward, flash_c
 from monet.impls.registry import Impl
 from monet.profiling import check as chk
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.solver import formulation
 from monet.solver.repair import repair
 from monet.solver.solve import keep_all_matrices, memory_model

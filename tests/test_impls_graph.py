@@ -15,7 +15,7 @@ from monet.impls.batchnorm import ZeroGammaError
 from monet.profiling.check import measure_iteration_peak
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate
 from monet.solver.solve import keep_all_matrices
 from monet.wrapper import scheduled_module

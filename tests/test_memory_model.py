@@ -18,7 +18,7 @@ from monet.executor import ScheduleError, build_modules, emit_backward
 from monet.profiling.check import measure_iteration_peak, output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate
 from monet.solution import Schedule, Stage
 from monet.solver import formulation
@@ -394,9 +394,9 @@ def test_unsafe_view_is_a_view_not_an_allocation():
 def test_ilp_memory_bounds_simulator_on_offloads(case):
     """With offload to host memory a choice (a bandwidth that hides every copy), on random schedules
     offloading random subsets of the groups they may offload (`OffloadModel.effective`), the ILP's
-    peak is >= the reference peak (`monet.solver.simulated.simulated_peak_fn`, the executor's modules
+    peak is >= the reference peak (`monet.solver.finish.simulated_peak_fn`, the executor's modules
     simulated), and offloading never raises the reference peak."""
-    from monet.solver.simulated import simulated_peak_fn
+    from monet.solver.finish import simulated_peak_fn
 
     _, _, graph, costs, _ = case
     mem = memory_model(graph, costs, 1e12)

@@ -18,9 +18,9 @@ from monet.capture import capture
 from monet.executor import build_modules
 from monet.profiling.check import compare_gradients, measure_iteration_peak, output_grad
 from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate
-from monet.solver.simulated import simulated_peak_fn
+from monet.solver.finish import simulated_peak_fn
 from monet.solution import load_solution, save_solution
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.solve import eager_peak, memory_model, min_budget, solve

@@ -1,13 +1,13 @@
 """The schedule's typed steps (`monet.steps`): their order, the matrices they give back, the
 executor's check that every step can run (`monet.executor.check_steps`), and the pruning of
-recomputations nothing reads (`monet.schedule.without_dead_recomputations`)."""
+recomputations nothing reads (`monet.matrices.without_dead_recomputations`)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from monet.executor import ScheduleError, check_steps
-from monet.schedule import matrices_from_schedule, schedule_from_matrices, without_dead_recomputations
+from monet.matrices import matrices_from_schedule, schedule_from_matrices, without_dead_recomputations
 from monet.simulate import schedule_peak
 from monet.solution import Schedule, Stage
 from monet.solver import formulation

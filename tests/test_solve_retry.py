@@ -9,7 +9,7 @@ import torch
 
 from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
-from monet.solver import normal as normal_mod
+from monet.solver import ilp_peer as normal_mod
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.solve import eager_peak, solve
 from usernet import UserNet
@@ -81,7 +81,7 @@ def test_a_search_with_no_time_still_has_a_candidate_that_recomputes(monkeypatch
     from monet.solver.deadline import Deadline
     from monet.solver import repair
     from monet.solver.repair import repaired_candidates, smallest_candidate
-    from monet.solver.simulated import memory_model, simulated_peak_fn
+    from monet.solver.finish import memory_model, simulated_peak_fn
 
     torch.manual_seed(0)
     graph = capture(UserNet(), torch.randn(4, 3, 16, 16))

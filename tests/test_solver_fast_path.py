@@ -13,7 +13,7 @@ from monet.capture import capture
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.solver import formulation, ilp, relaxation
 from monet.solver.cbc import solve_cbc
-from monet.solver.simulated import simulated_peak_fn
+from monet.solver.finish import simulated_peak_fn
 from monet.solver.solve import analytic_cost_fn, eager_peak, fixed_time, full_model, memory_model, solve
 from monet.zoo.models import get_model
 from usernet import UserNet

@@ -20,7 +20,7 @@ from monet.solver.checkpoint_all import solve_checkpoint_all
 from monet.solver.chen import chen_checkpoints, solve_chen
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import InfeasibleBudgetError
-from monet.solver.simulated import eager_peak, memory_model
+from monet.solver.finish import eager_peak, memory_model
 from monet.solver.solve import PEERS, solve
 from usernet import UserNet
 

@@ -11,7 +11,7 @@ import pytest
 
 from monet.solver import formulation, relaxation
 from monet.solver.ilp import InfeasibleBudgetError, problem_size
-from monet.solver.simulated import memory_model
+from monet.solver.finish import memory_model
 from monet.solver.solve import PEERS, eager_peak, min_budget, solve
 from monet.solver.deadline import Deadline
 from synthetic import blocks, chain, costs_of, diamond, dropping, joint_graph, simulated_peak

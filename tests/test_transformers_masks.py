@@ -10,7 +10,7 @@ import torch
 
 from monet.capture import capture
 from monet.inputs import ExampleInputs
-from monet.schedule import schedule_from_matrices
+from monet.matrices import schedule_from_matrices
 from monet.wrapper import scheduled_module
 from reach_models import declare_torchvision_ops
 

@@ -1,7 +1,7 @@
 """A schedule's `Solution`, simulated; plain PyTorch's schedule and peak; the memory model of a graph.
 
 The helpers every solver (`solver.checkpoint_all`, `solver.chen`, `solver.greedy`,
-`solver.rounding`, `solver.normal`, `solver.portfolio`) shares: `finish_solution` turns keep /
+`solver.rounding`, `solver.ilp_peer`, `solver.portfolio`) shares: `finish_solution` turns keep /
 recompute matrices into the `Solution` whose predicted peak is the simulator's (`monet.simulate`),
 so solvers are compared on the same accounting.
 """
@@ -16,7 +16,7 @@ import torch
 import monet
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.schedule import schedule_from_matrices, without_dead_recomputations
+from monet.matrices import schedule_from_matrices, without_dead_recomputations
 from monet.simulate import schedule_peak
 from monet.solver.choices import chosen_graph, chosen_impls
 from monet.solution import Solution, SolutionMeta
@@ -32,7 +32,7 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
     """The `Solution` of (S (T, N), R (T, N) bool: kept at the start of / recomputed in each backward
     stage) on ``graph`` (with its implementations, ``graph.impls``), simulated: its
     ``meta.predicted_peak_bytes`` is the simulator's peak (`monet.simulate`).  Recomputations and
-    keeps that nothing reads are dropped first (`monet.schedule.without_dead_recomputations`; not
+    keeps that nothing reads are dropped first (`monet.matrices.without_dead_recomputations`; not
     with ``offload``), and their seconds taken off ``objective_s``.
     ``eager`` (bytes) and ``eager_time`` (seconds) are plain PyTorch's peak and iteration time, the
     references of the reported saving and overhead; by default those of ``graph`` itself, which is
@@ -106,7 +106,7 @@ def _workspace_key(costs) -> tuple | None:
 
 
 def simulated_schedule(graph: OpGraph, costs, S, R, offload: tuple = ()):
-    """``(schedule, SimResult)``: the `monet.schedule.Schedule` of (S (T, N), R (T, N)) on ``graph``
+    """``(schedule, SimResult)``: the `monet.solution.Schedule` of (S (T, N), R (T, N)) on ``graph``
     (its implementations, ``offload`` entries; in place, `Schedule.inplace`) and its `monet.simulate.schedule_peak`.
     The last one simulated on ``graph`` is kept: a solver checks its schedule's peak, and
     `finish_solution` then asks for the same one (a 96-layer GPT-2: 5 s each)."""

@@ -16,7 +16,7 @@ from monet.solver.deadline import Deadline
 from monet.solver.formulation import LARGE
 from monet.solver.ilp import InfeasibleBudgetError, problem_size, solve_ilp
 from monet.solver.memory_model import MemoryModel
-from monet.solver.simulated import finish_solution, memory_model, simulated_peak_fn, simulation_seconds
+from monet.solver.finish import finish_solution, memory_model, simulated_peak_fn, simulation_seconds
 
 #: the simulations of its schedule a solve keeps time for, in units of `simulation_seconds`
 SIMULATION_MARGIN = 1.5
