@@ -16,7 +16,7 @@ allocated:
   `monet.profiling.memory.measure_peak`, so the kernels' temporaries count; CUDA:
   ``max_memory_allocated``);
 - **fwd+bwd ms**: median milliseconds of forward + backward, the backends of a shape interleaved
-  (a, b, a, b ...) in one process after a warm-up, by `monet.profiling.check.interleaved_times_of`
+  (a, b, a, b ...) in one process after a warm-up, by `monet.profiling.measure.interleaved_times_of`
   does for two (docs/design.md, "Measuring"); CPU times on shared machines drift by 20 % between runs.
 
 Prints a markdown table.  Memory in MiB (2^20 bytes).
@@ -29,7 +29,7 @@ import statistics
 import torch
 
 from monet.impls.attention import BACKENDS, stored_bytes
-from monet.profiling.check import interleaved_times_of
+from monet.profiling.measure import interleaved_times_of
 from monet.profiling.memory import measure_peak
 
 MIB = 2 ** 20
@@ -58,7 +58,7 @@ def _kept(backend, q, k, v) -> int:
 
 def _medians(fns: dict, repeats: int, device) -> dict:
     """Median seconds of each of ``fns`` (name -> callable), interleaved after one warm-up call
-    (`monet.profiling.check.interleaved_times_of`)."""
+    (`monet.profiling.measure.interleaved_times_of`)."""
     times = interleaved_times_of(list(fns.values()), repeats, 1, device)
     return {name: statistics.median(t) for name, t in zip(fns, times)}
 

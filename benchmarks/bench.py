@@ -171,7 +171,7 @@ def _release():
 
 def one_iteration_s(model, x, g, autocast=None) -> float:
     """Seconds of one training iteration (no synchronisation: CPU)."""
-    from monet.profiling.check import run_iteration
+    from monet.profiling.measure import run_iteration
     t0 = time.perf_counter()
     run_iteration(model, x, g, autocast)
     return time.perf_counter() - t0
@@ -186,7 +186,7 @@ def timed_repeats(iteration_s: float, minimum: int, target_s: float = 2.0, cap: 
 
 def _measure(res: ModelResult, row: Row, model, candidate, x, g, warmup: int, log) -> None:
     """Measured peak and interleaved overhead of ``candidate`` against ``model`` into ``row``."""
-    from monet.profiling.check import measure_iteration_peak, overhead
+    from monet.profiling.measure import measure_iteration_peak, overhead
 
     t0 = time.perf_counter()
     row.measured = measure_iteration_peak(candidate, x, g)  # its warm-up iteration traces / compiles
@@ -202,7 +202,7 @@ def bench_model(res: ModelResult, args, log: Log, save=lambda: None) -> ModelRes
     """Measure one model into ``res``; rows are appended as they are measured and ``save()`` is
     called after each, so a failure or a kill part-way keeps what was measured before it."""
     from monet.capture import capture
-    from monet.profiling.check import measure_iteration_peak, output_grad
+    from monet.profiling.measure import measure_iteration_peak, output_grad
     from monet.profiling.costs import analytic_costs, costs_for
     from monet.profiling.sources import with_measured_workspace
     from monet.profiling.baselines import chen_sqrt_checkpoint, compile_with_activation_budget
@@ -413,7 +413,7 @@ NOTES = """\
   chooses each operator's implementation (its *notes* count the operators per implementation family
   that do not run PyTorch's kernel) and runs ReLU/add in place where the input is dead.
 - **Overhead** is median iteration time / median plain-PyTorch time - 1, both measured in this process,
-  interleaved (`monet.profiling.check.overhead`: WARMUP warm-up, then at least REPEATS timed iterations
+  interleaved (`monet.profiling.measure.overhead`: WARMUP warm-up, then at least REPEATS timed iterations
   per side, more for short iterations, see each model's line). CPU times on
   these shared machines drift by about 20 % between runs (other processes share the 2 cores): only
   the interleaved ratios in one process are worth quoting, and differences of a few percent are noise.

@@ -16,8 +16,8 @@ row:
   each peer's measured peak.
 
 Columns (raw, one CSV row per method): ``peak`` (bytes, one training iteration at the allocator,
-`monet.profiling.check.step_peak`), ``overhead`` against plain ``torch.compile`` (median of paired
-interleaved iterations, minus 1: `monet.profiling.check.step_overhead`), monet's
+`monet.profiling.measure.step_peak`), ``overhead`` against plain ``torch.compile`` (median of paired
+interleaved iterations, minus 1: `monet.profiling.measure.step_overhead`), monet's
 ``predicted_overhead``, ``first_step_s`` (the first training step: Dynamo, AOTAutograd and
 Inductor), monet's ``startup_s`` (``monet.optimize`` plus the first step, the 50 % row) and its
 ``solve_s``, ``grads`` (the largest relative gradient difference against plain ``torch.compile``
@@ -100,7 +100,7 @@ def _rows(cfg: dict) -> None:
     from monet import mixed_precision
     from monet.inputs import ExampleInputs
     from monet.plan import WithLoss
-    from monet.profiling.check import max_rel_diff, step_overhead, step_peak, training_step
+    from monet.profiling.measure import max_rel_diff, step_overhead, step_peak, training_step
     from monet.solver.solve import parse_budget
 
     model, raw, loss_fn, target = build(cfg)

@@ -24,7 +24,7 @@ side with plain PyTorch in one process:
   `monet.solver.smallest.knee`) and at each peer's measured peak.
 
 Columns: the measured peak of one training iteration at the allocator
-(`monet.profiling.check.step_peak`), the overhead (`monet.profiling.check.step_overhead`: the
+(`monet.profiling.measure.step_peak`), the overhead (`monet.profiling.measure.step_overhead`: the
 median of paired interleaved iterations against plain PyTorch, minus 1), monet's predicted
 overhead (against plain PyTorch's time as monet reckons it: with the chunked loss too, the time of
 the model without it), the call's wall time split into capture, costs and solve, and the largest relative
@@ -156,7 +156,7 @@ def gradients(module, inputs, amp, base=None):
     inside it (default ``module`` itself)."""
     import torch
 
-    from monet.profiling.check import training_step
+    from monet.profiling.measure import training_step
 
     base = module if base is None else base
     for p in base.parameters():
@@ -169,7 +169,7 @@ def gradients(module, inputs, amp, base=None):
 def grad_cell(a: dict, b: dict) -> str:
     import torch
 
-    from monet.profiling.check import max_rel_diff
+    from monet.profiling.measure import max_rel_diff
 
     if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a):
         return "bitwise"
@@ -184,14 +184,14 @@ def one(cfg: dict) -> list[dict]:
     from monet.inputs import ExampleInputs
     from monet.plan import prepare
     from monet.profiling.baselines import CompiledWithBudget
-    from monet.profiling.check import step_overhead, step_peak
+    from monet.profiling.measure import step_overhead, step_peak
 
     torch.set_num_threads(cfg["threads"]) if cfg.get("threads") else None
     model, raw = build(cfg["model"], cfg["layers"], cfg["hidden"], cfg["seq"], cfg["batch"], cfg["vocab"])
     inputs = ExampleInputs.of(raw)
     bf16 = cfg["dtype"] == "bf16"
     # each iteration's forward pass under its own autocast context, the backward outside it (the AMP
-    # recipe, `monet.profiling.check.training_step`): one context around all of them kept autocast's
+    # recipe, `monet.profiling.measure.training_step`): one context around all of them kept autocast's
     # bf16 weight copies from the warm-up, and the peers' peaks missed them (17:28's rows, 19 MiB low)
     amp = ("cpu", "bfloat16") if bf16 else None
     plain = model

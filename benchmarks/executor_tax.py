@@ -19,7 +19,7 @@ Each row builds the model (weights from seed 0, its loss inside the captured gra
 PyTorch and MONeT alternately in this process after `WARMUP` iterations of each, ``--pairs`` times
 (default: about ``--target-s`` seconds per side, at least `MIN_PAIRS`).  The tax is the median over
 the pairs of MONeT's time over plain PyTorch's in the same pair, minus 1
-(`monet.profiling.check.paired_ratio`); the spread is the interquartile range of those ratios, in
+(`monet.profiling.measure.paired_ratio`); the spread is the interquartile range of those ratios, in
 points: on this project's shared 2-core CPUs one iteration's time moves by tens of percent while
 other jobs run, and the median of paired ratios is what stays.  "goal" says whether `GOAL` is met
 (``met``: the upper quartile is under it; ``not met``: the lower quartile is over it; ``within
@@ -129,11 +129,11 @@ def _on(device: str, model, inputs):
 
 
 def phase_step(model, inputs, clock, into: list, autocast=None) -> None:
-    """`monet.profiling.check.training_step` (gradients set to None, forward, loss, backward; the
+    """`monet.profiling.measure.training_step` (gradients set to None, forward, loss, backward; the
     forward under ``autocast``, a `monet.mixed_precision` setting) with ``clock`` read after its
     loss: appends ``(forward seconds, backward seconds)`` to ``into``, the forward pass with its
     loss."""
-    from monet.profiling.check import loss_of, training_step
+    from monet.profiling.measure import loss_of, training_step
 
     marks = [clock()]
 
@@ -153,7 +153,7 @@ def measure(case: Case, pairs: int | None, target_s: float, clock=time.perf_coun
     from monet.capture import capture
     from monet.inputs import ExampleInputs
     from monet.plan import WithLoss
-    from monet.profiling.check import interleaved_times_of, paired_ratio
+    from monet.profiling.measure import interleaved_times_of, paired_ratio
     from monet.profiling.costs import analytic_costs, costs_for
     from monet.profiling.dispatch import keep_all
 

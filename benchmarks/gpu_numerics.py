@@ -73,7 +73,7 @@ def call(model, batch):
 
 
 def loss_of(out) -> torch.Tensor:
-    from monet.profiling.check import loss_of as lo
+    from monet.profiling.measure import loss_of as lo
     return lo(out)
 
 

@@ -32,9 +32,9 @@ files in ``--work-dir``, so the solve can run on a laptop between two GPU sessio
    warm-up (CUDA ``max_memory_allocated``; CPU: allocator events, `monet.profiling.memory`), peak
    reserved bytes (CUDA ``max_memory_reserved``, after ``torch.cuda.empty_cache()`` so earlier
    candidates' cached blocks do not count) and reserved / allocated (fragmentation), overhead
-   (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.check.overhead`) and, for the
+   (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.measure.overhead`) and, for the
    schedules, the relative L2 error of all gradients against plain PyTorch
-   (`monet.profiling.check.compare_gradients`).  Writes ``WORK/MODEL/measure.json`` after every
+   (`monet.profiling.measure.compare_gradients`).  Writes ``WORK/MODEL/measure.json`` after every
    row and rewrites ``--out`` (markdown: one table per model beside MONeT's published row, with the
    device's name) from every ``measure.json`` in the work dir, so an interrupted run keeps its rows.
 
@@ -275,7 +275,7 @@ def _memory(model, x, g, amp) -> dict:
     """Allocated and (CUDA) reserved peak bytes of one iteration after warm-up."""
     import torch
 
-    from monet.profiling.check import measure_iteration_memory
+    from monet.profiling.measure import measure_iteration_memory
 
     gc.collect()
     if x.device.type == "cuda":
@@ -290,7 +290,7 @@ def step_measure(cfg: Config, args, log: Log) -> dict:
     import torch
 
     from bench import one_iteration_s, timed_repeats
-    from monet.profiling.check import compare_gradients, output_grad, overhead
+    from monet.profiling.measure import compare_gradients, output_grad, overhead
     from monet.profiling.baselines import chen_sqrt_checkpoint, compile_with_activation_budget
     from monet.profiling.profiler import device_name
     from monet.solution import load_solution

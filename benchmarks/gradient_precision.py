@@ -4,7 +4,7 @@ in float32 and in float64, on ``monet demo``'s quarter-width ResNet-50.
     python benchmarks/gradient_precision.py --csv benchmarks/results/gradient_precision.csv
 
 Every method takes one training step (cross-entropy against the demo's random target) from the same
-weights and batch; ``vs_eager`` and ``vs_compile`` are `monet.profiling.check.max_rel_diff` of its
+weights and batch; ``vs_eager`` and ``vs_compile`` are `monet.profiling.measure.max_rel_diff` of its
 gradients against eager PyTorch's and against plain ``torch.compile``'s (Inductor, no budget);
 monet's at `BUDGET` of the plain peak, or at the smallest feasible budget where that is below it
 (``budget``: the solved budget as a share of the plain peak).  A
@@ -34,7 +34,7 @@ def rows(dtype_name: str, time_limit: float) -> list[dict]:
     from monet.cli.demo import DEMO_BATCH, DEMO_MODEL, DEMO_SHAPE, DEMO_WIDTH
     from monet.inputs import ExampleInputs
     from monet.plan import WithLoss
-    from monet.profiling.check import max_rel_diff, training_step
+    from monet.profiling.measure import max_rel_diff, training_step
     from monet.profiling.training import random_target
 
     dtype = {"fp32": torch.float32, "fp64": torch.float64}[dtype_name]

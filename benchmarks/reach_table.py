@@ -7,13 +7,13 @@ trained with ``F.cross_entropy`` through `monet.with_loss.WithLoss`; a transform
 ``labels`` computes its own loss):
 
 1. `monet.plan.prepare` once (hybrid costs); plain PyTorch's measured peak
-   (`monet.profiling.check.step_peak`) and simulated peak (what "50 %" is half of);
+   (`monet.profiling.measure.step_peak`) and simulated peak (what "50 %" is half of);
 2. the smallest feasible budget in normal and full mode (`monet.solver.solve.min_budget`,
    ``--time-limit`` seconds each), as a fraction of the simulated plain peak;
 3. MONeT's schedule in normal and full mode at 50 % of the simulated plain peak, or 5 % of it above
    the mode's smallest feasible budget when that is higher (`table_budget`; the row says so):
    measured peak, overhead
-   (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.check.step_overhead`) and the
+   (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.measure.step_overhead`) and the
    solver's predicted overhead;
 4. the peers: Chen's checkpointing (`checkpoint_blocks` in `monet.profiling.baselines`: sqrt(n) segments of
    a sequence of units, or each block of a transformer's block list; "n/a" with the reason where
@@ -174,7 +174,7 @@ class Bench:
         return self.with_loss(copy.deepcopy(self.model) if model is None else model)
 
     def measure(self, label: str, candidate, inputs, repeats: int, out: Measured | None = None) -> Measured:
-        from monet.profiling.check import step_overhead, step_peak
+        from monet.profiling.measure import step_overhead, step_peak
 
         out = out or Measured()
         out.peak = step_peak(candidate, inputs)
@@ -186,7 +186,7 @@ class Bench:
 
 def bench_model(res: Result, args, log, save) -> None:
     from monet.plan import prepare
-    from monet.profiling.check import step_overhead, step_peak, training_step
+    from monet.profiling.measure import step_overhead, step_peak, training_step
     from monet.profiling.baselines import checkpoint_blocks, compile_with_activation_budget
     from monet.solver.solve import min_budget
 

@@ -11,7 +11,7 @@ Chen's sqrt(n) schedule and cached with the graph's iteration record
 - *fresh*: the same measurement made now (`dispatch.measure_iterations` on Chen's schedule again);
 - for each fraction of plain PyTorch's simulated peak (the smallest feasible budget found where it
   is higher), the normal-mode schedule's recomputations, its predicted overhead, its overhead
-  measured twice against plain PyTorch (`monet.profiling.check.step_overhead`), and *implied*: the
+  measured twice against plain PyTorch (`monet.profiling.measure.step_overhead`), and *implied*: the
   factor that would have predicted the mean of the two, ``(measured time - T) / R`` (``T`` the
   keep-everything time the costs predict, ``R`` the schedule's recomputation before the factor).
 
@@ -44,7 +44,7 @@ def model_rows(name: str, fractions: list[float], time_limit: float, repeats: in
 
     from monet.plan import prepare
     from monet.profiling import dispatch, sources
-    from monet.profiling.check import step_overhead
+    from monet.profiling.measure import step_overhead
 
     batch = rt.bench.CONFIGS[name[len(rt.ZOO):]].batch_size if name.startswith(rt.ZOO) else \
         rm.TABLE_BATCH.get(name, rm.B)

@@ -228,8 +228,8 @@ class Section:
 
 
 MEASURED = ("Peak: one training iteration at the allocator, parameters and gradients included "
-            "(`monet.profiling.check.step_peak`). Overhead: the median of paired, interleaved iterations "
-            "against the reference in one process, minus 1 (`monet.profiling.check.step_overhead`). "
+            "(`monet.profiling.measure.step_peak`). Overhead: the median of paired, interleaved iterations "
+            "against the reference in one process, minus 1 (`monet.profiling.measure.step_overhead`). "
             "Predicted: the solver's iteration time over the reference's. Gradients: the largest relative "
             "difference from the reference's after one step, `bitwise` where equal.")
 

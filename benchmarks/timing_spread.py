@@ -5,7 +5,7 @@ budget (`reach_table.table_budget`;
 uncalibrated, 8 s), then times that one schedule ``--times`` times in a row, each time in two
 ways: the solve-time calibration's (`monet.profiling.calibration.measure_schedule`: the schedule
 ``M`` against the executor keeping everything ``K`` and plain PyTorch ``P``, paired per turn) and
-the table's (`monet.profiling.check.step_overhead` against a separate plain copy: the median of each
+the table's (`monet.profiling.measure.step_overhead` against a separate plain copy: the median of each
 turn's ratio, and beside it the ratio of the two medians taken apart, as the table read it before
 2026-11-26).  ``--shared``
 times the executors on plain PyTorch's own parameters instead of copies (`dispatch.own_copy`
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
     from monet.plan import prepare
     from monet.profiling import calibration, dispatch
-    from monet.profiling.check import step_overhead, training_step
+    from monet.profiling.measure import step_overhead, training_step
     from monet.solver.solve import min_budget
 
     if args.shared:

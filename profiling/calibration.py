@@ -177,7 +177,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     Plain PyTorch is the reference because the predicted overhead is ``M / P - 1``
     (`calibrated_solve`: ``total_time * (M / K)`` over ``total_time * (P / K)``), so it is
     the median of each turn's ratio to plain PyTorch, the estimate `monet check` and the
-    BENCHMARKS tables measure (`monet.profiling.check.paired_overhead`).  With ``K`` as the
+    BENCHMARKS tables measure (`monet.profiling.measure.paired_overhead`).  With ``K`` as the
     reference it was ``median(M / K) / median(P / K)``: +29.7 % to +34.5 % in four timings of
     the zoo's UNet normal-mode schedule where the paired ``median(M / P)`` of the table read
     +22.9 % to +31.6 % in twelve."""
@@ -188,7 +188,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
 
     inputs = ExampleInputs.of(inputs)
     scheduled = timed_executor(model, solution, graph)
-    amp = graph.autocast  # each forward pass under it (`monet.profiling.check.training_step`)
+    amp = graph.autocast  # each forward pass under it (`monet.profiling.measure.training_step`)
     with restored(model):
         t0 = time.perf_counter()
         turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP, amp)

@@ -1,5 +1,5 @@
 """One training method measured against plain PyTorch (``monet demo``'s rows): measured peak,
-overhead and a gradient check, each as `monet.profiling.check` defines it (docs/design.md, "Measuring").
+overhead and a gradient check, each as `monet.profiling.measure` defines it (docs/design.md, "Measuring").
 
 A method is a module that trains the same model from the same weights: plain PyTorch itself, a
 `MONeTWrapper`, Chen's checkpointing or ``torch.compile`` (`monet.profiling.baselines`).
@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from monet.profiling.check import loss_of, max_rel_diff, step_overhead, step_peak, train_losses
+from monet.profiling.measure import loss_of, max_rel_diff, step_overhead, step_peak, train_losses
 
 
 @dataclass
@@ -24,12 +24,12 @@ class Training:
 
     @staticmethod
     def of(model: nn.Module, inputs, steps: int, loss_fn=loss_of) -> "Training":
-        """Train ``model`` (changed: its weights move) ``steps`` steps (`check.train_losses`)."""
+        """Train ``model`` (changed: its weights move) ``steps`` steps (`measure.train_losses`)."""
         return Training(*train_losses(model, inputs, steps=steps, loss_fn=loss_fn))
 
     def versus(self, reference: "Training") -> tuple[bool, float]:
         """(bitwise: every loss and every first-step gradient equal to ``reference``'s bit for bit,
-        the largest relative gradient difference `check.max_rel_diff`)."""
+        the largest relative gradient difference `measure.max_rel_diff`)."""
         same = (len(self.losses) == len(reference.losses)
                 and all(torch.equal(a, b) for a, b in zip(self.losses, reference.losses))
                 and self.grads.keys() == reference.grads.keys()
@@ -43,12 +43,12 @@ class MethodResult:
 
     Attributes:
         method: its name in the table.
-        peak_bytes: measured peak of one training iteration (`check.step_peak`), bytes.
+        peak_bytes: measured peak of one training iteration (`measure.step_peak`), bytes.
         overhead: iteration time / plain PyTorch's - 1, interleaved, the median of each turn's
-            ratio (`check.step_overhead`).
+            ratio (`measure.step_overhead`).
         median_s: its median iteration time, seconds.
         bitwise: losses and first-step gradients equal plain PyTorch's bit for bit.
-        grad_error: largest relative gradient difference from plain PyTorch (`check.max_rel_diff`).
+        grad_error: largest relative gradient difference from plain PyTorch (`measure.max_rel_diff`).
         budget_bytes, predicted_peak_bytes: a schedule's budget and the solver's predicted peak.
         predicted_overhead: the solver's predicted overhead of a schedule
             (`monet.solution.SolutionMeta.predicted_overhead`, 0.1 = +10 %).

@@ -96,8 +96,8 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     iterations of seconds is timed in about a minute).  ``K`` (keeping everything) and ``P`` (plain) are
     paired estimates over the turns of every round (`paired_estimates`); ``M`` and ``K2`` (keeping
     everything) are the medians of the round with the median ``M - K2`` (`median_of_rounds`).  An
-    iteration is forward, `monet.profiling.check.loss_of` of the output, backward
-    (`check.training_step`), under the autocast setting ``graph`` was captured with.  ``model`` is
+    iteration is forward, `monet.profiling.measure.loss_of` of the output, backward
+    (`measure.training_step`), under the autocast setting ``graph`` was captured with.  ``model`` is
     left as it was (`restored`).
 
     Args:
@@ -131,7 +131,7 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     keep = keep_all(model, inputs, graph, table)
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
     chen = timed_executor(model, chen_solution, graph)
-    amp = graph.autocast  # each forward pass under it, as the graph was captured (`check.training_step`)
+    amp = graph.autocast  # each forward pass under it, as the graph was captured (`measure.training_step`)
     with restored(model):
         # plain PyTorch warmed up too: a round without a discarded turn starts at its third iteration,
         # as the executors' (a 12-layer GPT-2 small's second plain iteration took 1.2x its later ones)
@@ -159,8 +159,8 @@ def timed_rounds(modules, inputs, repeats: int, rounds: int | None = None, autoc
     """Seconds of training iterations of each of ``modules``, interleaved on the CPU in ``rounds``
     rounds (None: `FACTOR_ROUNDS`) of ``repeats`` turns each, ``discard`` turns untimed first: one
     ``(len(modules), repeats)`` array per round, column i from turn i.  Each forward pass under
-    ``autocast`` (`check.training_step`).  The caller warms them up and holds `restored`."""
-    from monet.profiling.check import interleaved_times_of, training_step
+    ``autocast`` (`measure.training_step`).  The caller warms them up and holds `restored`."""
+    from monet.profiling.measure import interleaved_times_of, training_step
 
     steps = [lambda m=m: training_step(m, inputs, autocast=autocast) for m in modules]
     return [np.asarray(interleaved_times_of(steps, repeats, discard, "cpu"), dtype=float)
@@ -198,8 +198,8 @@ def median_of_rounds(rounds: list[np.ndarray]) -> tuple[float, float]:
 def paired_estimates(times: np.ndarray, reference: int = 0) -> tuple[float, ...]:
     """Paired estimates from ``times`` (modules, turns), seconds: row ``reference``'s median ``R``
     and, for each other row, ``R`` times the median over the turns of its time over the
-    reference's in the same turn (`check.paired_ratio`)."""
-    from monet.profiling.check import paired_ratio
+    reference's in the same turn (`measure.paired_ratio`)."""
+    from monet.profiling.measure import paired_ratio
 
     ref = times[reference]
     median_ref = float(np.median(ref))
@@ -222,10 +222,10 @@ def paired_medians(modules, inputs, repeats: int, rounds: int | None = None, ref
 
 def warm_up(modules, reference: nn.Module, inputs, repeats: int | None, warmup: int, autocast=None) -> int:
     """Run ``warmup`` training iterations of each of ``modules`` (the executor's first traces the
-    model), each forward pass under ``autocast`` (`check.training_step`); return ``repeats``, or
+    model), each forward pass under ``autocast`` (`measure.training_step`); return ``repeats``, or
     where None the timed iterations per side that take about `TARGET_S` seconds of
     ``reference``'s iteration (from `REPEATS` to `MAX_REPEATS`)."""
-    from monet.profiling.check import training_step
+    from monet.profiling.measure import training_step
 
     for _ in range(warmup):
         for m in modules:
@@ -266,7 +266,7 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
         ValueError: bad ``repeats`` / ``warmup``.
     """
     from monet.inputs import ExampleInputs
-    from monet.profiling.check import interleaved_times_of, training_step
+    from monet.profiling.measure import interleaved_times_of, training_step
 
     if (repeats is not None and repeats < 1) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")

@@ -153,11 +153,11 @@ def carried_table(graph: OpGraph, shallow: Shallow, table: pd.DataFrame) -> pd.D
 def plain_iteration_s(model: nn.Module, inputs, autocast=None, repeats: int = PLAIN_REPEATS,
                       warmup: int = PLAIN_WARMUP) -> float:
     """Median seconds of plain PyTorch's training iteration of ``model`` on the CPU
-    (`monet.profiling.check.training_step`, ``warmup`` discarded, ``repeats`` timed:
-    `monet.profiling.check.interleaved_times_of`), each forward pass under ``autocast``; ``model``
+    (`monet.profiling.measure.training_step`, ``warmup`` discarded, ``repeats`` timed:
+    `monet.profiling.measure.interleaved_times_of`), each forward pass under ``autocast``; ``model``
     is left as it was (`monet.profiling.dispatch.restored`)."""
     from monet.inputs import ExampleInputs
-    from monet.profiling.check import interleaved_times_of, training_step
+    from monet.profiling.measure import interleaved_times_of, training_step
     from monet.profiling.dispatch import restored
 
     inputs = ExampleInputs.of(inputs)

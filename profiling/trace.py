@@ -293,13 +293,13 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
 
     Args:
         model: the model (on the device to measure; CPU or CUDA); not modified (a copy runs).
-        inputs: its inputs, as `monet.profiling.check.output_grad` takes them.
+        inputs: its inputs, as `monet.profiling.measure.output_grad` takes them.
         schedule: a `monet.solution.Solution` (checked against the traced graph), a `Schedule`, or
             ``schedule(graph) -> Schedule`` (solved on the graph the wrapper traces).
         model_name, model_kwargs, inputs_spec: what rebuilds the model and its inputs (a MODEL
             string, its factory's arguments and an input spec, `monet.models.build`), to record it
             again (the replay needs only the recorded graph).
-        g: the output gradient (default `monet.profiling.check.output_grad`'s).
+        g: the output gradient (default `monet.profiling.measure.output_grad`'s).
         workspace: (forward (N,), backward (T,)) bytes per node the simulation counts, or
             ``workspace(graph)`` returning them (or them and their source, or None) for the traced
             graph; None: derived from this recording (`trace_workspace`, source ``"trace"``; the
@@ -315,7 +315,7 @@ def record_trace(model: torch.nn.Module, inputs, schedule, *, model_name: str, m
             `Solution` made for another graph.
     """
     from monet.inputs import ExampleInputs
-    from monet.profiling.check import _backward, _forward, output_grad
+    from monet.profiling.measure import _backward, _forward, output_grad
     from monet.solution import Solution
     from monet.wrapper import ScheduledModule
 

@@ -18,7 +18,7 @@ def _cross_entropy_last_dim(out: torch.Tensor, target: torch.Tensor) -> torch.Te
 def random_target(model: nn.Module, inputs, tokens: bool, seed: int = 1) -> tuple[Callable, torch.Tensor] | None:
     """``(loss_fn(output, target) -> scalar, target)`` for ``model`` on ``inputs``
     (`monet.inputs.ExampleInputs`), or None when the output is not a tensor (a ``ModelOutput`` or a
-    dict: the model is then trained through its own loss, `monet.profiling.check.loss_of`).
+    dict: the model is then trained through its own loss, `monet.profiling.measure.loss_of`).
 
     The loss is cross-entropy against a random target drawn from the generator seeded ``seed``:
     classes on dim 1 (target (B, *spatial), int64), or, for a language model (``tokens``, output

@@ -18,7 +18,7 @@ from monet.capture import capture
 from monet.executor import build_modules
 from monet.impls import IMPLS, impls_for, mode_tokens, variant
 from monet.impls.attention import BACKENDS, FUSED, math_backward, math_forward, stored_bytes
-from monet.profiling import check as chk
+from monet.profiling import measure as chk
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
 from monet.matrices import schedule_from_matrices

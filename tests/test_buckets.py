@@ -66,7 +66,7 @@ def test_one_budget_for_every_bucket(bucketed):
 @pytest.mark.parametrize("length", [44, 48, 56, 64])
 def test_every_length_trains_as_pytorch_under_the_budget(bucketed, length):
     """44 and 56 tokens are lengths no schedule was traced at, each run by the bucket above it."""
-    from monet.profiling.check import step_peak
+    from monet.profiling.measure import step_peak
 
     plain, model, wrapped = bucketed
     batch = _batch(length, seed=length)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from monet.capture import capture
-from monet.profiling.check import measure_iteration_peak, output_grad
+from monet.profiling.measure import measure_iteration_peak, output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
 from monet.profiling.sources import cost_table, variant_cost_fn

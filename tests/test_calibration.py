@@ -286,14 +286,14 @@ def test_timed_modules_own_their_parameters(plan, budget, monkeypatch):
 
 def test_measure_schedule_pairs_each_turn_with_plain_pytorch(plan, budget, monkeypatch):
     """The predicted overhead of a calibrated schedule is ``M / P - 1``: ``M / P`` must be the median
-    of each turn's ratio to plain PyTorch (the estimate `check.paired_overhead` measures), not the
+    of each turn's ratio to plain PyTorch (the estimate `measure.paired_overhead` measures), not the
     ratio of two medians of ratios to the executor keeping everything (1.30 on these times)."""
-    from monet.profiling import check
+    from monet.profiling import measure
 
     sol = _solve(plan, plan.costs, budget)
     keep = keep_all(plan.module, plan.inputs, plan.graph, plan.costs)
     turns = {"M": [1.3, 1.3, 2.4, 2.4, 1.2], "K": [1.0, 1.1, 2.0, 2.4, 1.1], "P": [1.0, 1.0, 2.0, 2.0, 1.0]}
-    monkeypatch.setattr(check, "interleaved_times_of", lambda steps, *a, **k: [turns[s] for s in "MKP"])
+    monkeypatch.setattr(measure, "interleaved_times_of", lambda steps, *a, **k: [turns[s] for s in "MKP"])
     m, k, p = measure_schedule(plan.module, plan.inputs, plan.graph, sol, keep, repeats=1)
     assert p == pytest.approx(1.0)  # plain PyTorch's median turn
     assert m / p == pytest.approx(1.2) and k / p == pytest.approx(1.1)

@@ -140,20 +140,20 @@ def test_allocation_events_see_a_cpu_allocation():
 
 
 def test_gradient_comparisons_run_in_full_fp32_on_cuda_only(mixed_tf32_settings, monkeypatch):
-    """`check.compare_gradients` runs both sides under `check.comparison_numerics` of the inputs'
+    """`measure.compare_gradients` runs both sides under `measure.comparison_numerics` of the inputs'
     device: TF32 off on CUDA (conv TF32 is torch's default there), nothing changed on the CPU."""
-    from monet.profiling import check
+    from monet.profiling import measure
 
     torch.backends.cudnn.conv.fp32_precision = "tf32"
     before = compat.numerics()
-    with check.comparison_numerics("cuda:0"):
+    with measure.comparison_numerics("cuda:0"):
         assert compat.numerics()["cudnn_conv_fp32_precision"] == "ieee"
         assert compat.numerics()["cuda_matmul_fp32_precision"] == "ieee"
     assert compat.numerics() == before
-    with check.comparison_numerics("cpu"):
+    with measure.comparison_numerics("cpu"):
         assert compat.numerics() == before
     seen = []
-    monkeypatch.setattr(check, "comparison_numerics", lambda device: seen.append(str(device)) or contextlib.nullcontext())
+    monkeypatch.setattr(measure, "comparison_numerics", lambda device: seen.append(str(device)) or contextlib.nullcontext())
     model = torch.nn.Linear(3, 2)
-    check.compare_gradients(lambda: model, lambda: model, torch.randn(4, 3), torch.randn(4, 2))
+    measure.compare_gradients(lambda: model, lambda: model, torch.randn(4, 3), torch.randn(4, 2))
     assert seen == ["cpu"]

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from monet import compat
 from monet.inputs import ExampleInputs
 from monet.plan import WithLoss, prepare
-from monet.profiling import check as chk
+from monet.profiling import measure as chk
 from monet.profiling.compiled_costs import is_library_node
 from monet.executor import check_steps
 from monet.solution import Schedule, SolutionMismatchError, Stage

@@ -200,7 +200,7 @@ def test_chen_rounds_give_the_median_round_and_k_is_paired_over_all_of_them(monk
     `FACTOR_ROUNDS` rounds: the round with the median difference M - K2 counts (one round's load
     spike does not set a graph's cached factor), and K / P is the median over the turns of all three
     rounds (one round's five pairs read a 24-layer GPT-2's K / P 1.205)."""
-    from monet.profiling import check
+    from monet.profiling import measure
     from monet.profiling.dispatch import FACTOR_ROUNDS
 
     assert FACTOR_ROUNDS == 3
@@ -209,7 +209,7 @@ def test_chen_rounds_give_the_median_round_and_k_is_paired_over_all_of_them(monk
                    [[1.5, 1.5, 1.5], [1.0, 2.0, 1.0], [0.9, 1.0, 1.0]],
                    [[1.1, 1.1, 1.1], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]],
                    [[1.3, 1.3, 1.3], [1.0, 1.0, 1.1], [1.0, 1.0, 1.0]]])
-    monkeypatch.setattr(check, "interleaved_times_of", lambda steps, *a, **k: len(steps) == 3 and next(rounds))
+    monkeypatch.setattr(measure, "interleaved_times_of", lambda steps, *a, **k: len(steps) == 3 and next(rounds))
     model = bn_net()
     x = torch.randn(2, 3, 8, 8)
     graph = capture(model, x)
@@ -225,7 +225,7 @@ def test_paired_medians_set_each_iteration_against_the_reference_of_its_turn(mon
     not the keep-everything one after it: medians of each side apart would put the schedule at 3.6x
     (three slow iterations of five against two), the iterations set against the reference of their
     turn keep its 1.2x."""
-    from monet.profiling import check
+    from monet.profiling import measure
     from monet.profiling.dispatch import paired_medians
 
     def times(steps, repeats, warmup, device):  # one round of five turns: schedule, keep, plain
@@ -233,32 +233,32 @@ def test_paired_medians_set_each_iteration_against_the_reference_of_its_turn(mon
         after = [3.0, 3.0, 1.0, 1.0, 1.0]  # ... the keep-everything and plain ones after it are not
         return [[1.2 * v for v in slow], after, [0.9 * v for v in after]]
 
-    monkeypatch.setattr(check, "interleaved_times_of", times)
+    monkeypatch.setattr(measure, "interleaved_times_of", times)
     m, k, p = paired_medians((None, None, None), None, repeats=5, rounds=1, reference=1)
     assert k == pytest.approx(1.0)  # the reference's median
     assert m / k == pytest.approx(1.2) and p / k == pytest.approx(0.9)
 
 
 def test_the_table_overhead_sets_each_iteration_against_plain_pytorch_of_its_turn(monkeypatch):
-    """`check.step_overhead` / `check.overhead`: a slowdown caught by three of the schedule's five
+    """`measure.step_overhead` / `measure.overhead`: a slowdown caught by three of the schedule's five
     iterations and two of plain PyTorch's puts the medians taken apart at 3x, the ratios of each
     turn at the schedule's 1.25x."""
-    from monet.profiling import check
+    from monet.profiling import measure
 
     def times(steps, repeats, warmup, device):
         assert len(steps) == 2 and repeats == 5
         return [[1.25 * v for v in (3.0, 3.0, 3.0, 1.0, 1.0)], [3.0, 3.0, 1.0, 1.0, 1.0]]
 
-    monkeypatch.setattr(check, "interleaved_times_of", times)
-    frac, mc, mp = check.paired_overhead(None, None, repeats=5)
+    monkeypatch.setattr(measure, "interleaved_times_of", times)
+    frac, mc, mp = measure.paired_overhead(None, None, repeats=5)
     assert frac == pytest.approx(0.25) and (mc, mp) == (3.75, 1.0)  # the medians themselves, as measured
     x = torch.zeros(2, 3)
-    frac, _, _ = check.overhead(torch.nn.Identity(), torch.nn.Identity(), x, None, repeats=5)
+    frac, _, _ = measure.overhead(torch.nn.Identity(), torch.nn.Identity(), x, None, repeats=5)
     assert frac == pytest.approx(0.25)
 
 
 def test_paired_ratio_refuses_lists_it_cannot_pair():
-    from monet.profiling.check import paired_ratio
+    from monet.profiling.measure import paired_ratio
 
     assert paired_ratio([2.0, 3.0, 9.0], [1.0, 1.0, 3.0]) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="one length"):
@@ -272,7 +272,7 @@ def test_paired_ratio_refuses_lists_it_cannot_pair():
 def test_interleaved_times_take_the_clock_given():
     """``clock``: the seconds are its differences (here a clock that advances 2 per reading, so
     every call takes 2 "seconds"), each callable called once per turn after the warm-up."""
-    from monet.profiling.check import interleaved_times_of
+    from monet.profiling.measure import interleaved_times_of
 
     ticks = iter(range(0, 1000, 2))
     calls = []
@@ -304,7 +304,7 @@ def test_turn_plan_times_long_iterations_in_about_measure_s():
 def test_measure_iterations_times_one_round_where_iterations_take_seconds(monkeypatch):
     """With a turn of 20 s (the timed warm-up turn), one round of `MIN_TURNS` turns is timed, none
     discarded (plain PyTorch warmed up with the executors), and K, P, M come from it."""
-    from monet.profiling import check, dispatch
+    from monet.profiling import dispatch, measure
 
     calls = []
 
@@ -314,7 +314,7 @@ def test_measure_iterations_times_one_round_where_iterations_take_seconds(monkey
             return [[20 / 3]] * 3
         return [[1.5] * repeats, [1.1] * repeats, [1.0] * repeats]
 
-    monkeypatch.setattr(check, "interleaved_times_of", times)
+    monkeypatch.setattr(measure, "interleaved_times_of", times)
     warmed = []
     monkeypatch.setattr(dispatch, "warm_up", lambda modules, ref, inputs, repeats, warmup, autocast=None:
                         warmed.extend(modules) or repeats)

@@ -12,7 +12,7 @@ import torch.nn as nn
 from monet.capture import capture
 from monet.impls import dropout, lower_for_device
 from monet.impls.registry import fake_value
-from monet.profiling.check import output_grad
+from monet.profiling.measure import output_grad
 from monet.matrices import schedule_from_matrices
 from monet.wrapper import scheduled_module
 

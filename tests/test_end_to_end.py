@@ -33,7 +33,7 @@ from ci import IN_CI, skip_in_ci
 import torch
 
 from monet.capture import capture
-from monet.profiling.check import compare_gradients, measure_iteration_peak, output_grad
+from monet.profiling.measure import compare_gradients, measure_iteration_peak, output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
 from monet.profiling.variant_costs import hybrid_cost_fn

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from monet.capture import capture
 from monet.executor import build_modules
-from monet.profiling.check import grads_and_buffers
+from monet.profiling.measure import grads_and_buffers
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.matrices import schedule_from_matrices
 from monet.solution import AutocastMismatchError, SolutionMismatchError

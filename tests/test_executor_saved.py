@@ -26,7 +26,7 @@ from monet.executor import build_modules
 from monet.impls import IMPLS, variant
 from monet.impls.attention import Backend, _rewrite, flash_cpu_backward, flash_cpu_forward
 from monet.impls.registry import Impl
-from monet.profiling import check as chk
+from monet.profiling import measure as chk
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.matrices import schedule_from_matrices
 from monet.solver import formulation

@@ -12,7 +12,7 @@ from monet.capture import capture
 from monet.executor import build_modules
 from monet.impls import IMPLS, apply_impls, impls_for, mode_tokens, variant
 from monet.impls.batchnorm import ZeroGammaError
-from monet.profiling.check import measure_iteration_peak
+from monet.profiling.measure import measure_iteration_peak
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
 from monet.matrices import schedule_from_matrices

@@ -128,7 +128,7 @@ def test_the_rewrite_finds_the_head_and_drops_the_logits(gpt2):
 
 def test_a_gpt2_trains_with_the_chunked_loss_in_less_memory(gpt2, tmp_path):
     import monet
-    from monet.profiling.check import step_peak
+    from monet.profiling.measure import step_peak
 
     model, batch = gpt2
     kw = dict(cost="analytic", time_limit=5, progress=False)

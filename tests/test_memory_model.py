@@ -15,7 +15,7 @@ import torch
 
 from monet.capture import capture
 from monet.executor import ScheduleError, build_modules, emit_backward
-from monet.profiling.check import measure_iteration_peak, output_grad
+from monet.profiling.measure import measure_iteration_peak, output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.profiler import profile_costs
 from monet.matrices import schedule_from_matrices

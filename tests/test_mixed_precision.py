@@ -210,7 +210,7 @@ def test_attention_and_dropout_under_autocast_match_plain_autocast():
 
 
 def test_measured_iterations_cast_the_weights_each_time():
-    """`check.step_peak` and `check.step_overhead` under autocast run each forward pass in an
+    """`measure.step_peak` and `measure.step_overhead` under autocast run each forward pass in an
     autocast context of its own and the backward pass outside it (the AMP recipe): every
     iteration casts the fp32 weights to bf16 again, so the copies, which ``Linear`` saves for the
     backward pass, are allocated (and timed) in the measured iteration.  In one context held
@@ -218,7 +218,7 @@ def test_measured_iterations_cast_the_weights_each_time():
     missed them (19 MiB of a 12-layer Llama's)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from monet.profiling.check import step_overhead, step_peak
+    from monet.profiling.measure import step_overhead, step_peak
 
     class WeightCasts(TorchDispatchMode):
         def __init__(self, shapes):
@@ -255,7 +255,7 @@ def test_other_arithmetic_within_bf16_precision(setup):
     ~1e-2 away from fp32 here).  Measured: ~4e-4."""
     from monet.impls import apply_impls
     from monet.impls.batchnorm import batch_norm_backward_from_output
-    from monet.profiling.check import compare_gradients, output_grad
+    from monet.profiling.measure import compare_gradients, output_grad
 
     model, x, g16 = setup["model"], setup["x"], setup["g16"]
     bn = {f"fwd:{n.id}": "batchnorm.output_activated" for n in g16.fwd if "batch_norm" in n.op}

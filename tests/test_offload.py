@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from monet.capture import capture
 from monet.executor import build_modules
-from monet.profiling.check import compare_gradients, measure_iteration_peak, output_grad
+from monet.profiling.measure import compare_gradients, measure_iteration_peak, output_grad
 from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
 from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from monet.profiling.check import output_grad, max_rel_diff, measure_iteration_peak
+from monet.profiling.measure import output_grad, max_rel_diff, measure_iteration_peak
 from monet.profiling.baselines import (checkpoint_blocks, chen_sqrt_checkpoint, compile_with_activation_budget,
                                        sequential_units)
 from monet.zoo.models import example_input, get_model

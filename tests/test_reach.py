@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import reach_models as rm
 from monet.inputs import ExampleInputs
 from monet.plan import WithLoss, prepare
-from monet.profiling import check as chk
+from monet.profiling import measure as chk
 
 import os
 

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from monet.capture import capture
 from monet.executor import build_modules
-from monet.profiling.check import output_grad
+from monet.profiling.measure import output_grad
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate

@@ -89,7 +89,7 @@ def test_smaller_batch_runs_the_schedule(solved):
     """The last batch of an epoch (3 of 8): the same schedule runs, with PyTorch's gradients (bit for
     bit), a measured peak under the budget and under plain PyTorch's at that batch (plain PyTorch
     fits the budget at batch 3 too, so only the second tells that the schedule still saves memory)."""
-    from monet.profiling.check import measure_iteration_peak
+    from monet.profiling.measure import measure_iteration_peak
 
     model, x, _, _, sol = solved
     small = x[:3].clone()

@@ -86,7 +86,7 @@ def run(args) -> int:
     """
     import torch
 
-    from monet.profiling import check as chk
+    from monet.profiling import measure as chk
     from monet.profiling.trace import is_trace_file
     from monet.solution import describe, load_solution
 
@@ -172,7 +172,7 @@ def _measure(args, sol, model_name, model, x, g, amp, reference: str) -> dict:
         CLIError: the solution does not fit the model."""
     import torch
 
-    from monet.profiling import check as chk
+    from monet.profiling import measure as chk
     from monet.solution import SolutionMismatchError
     from monet.wrapper import MONeTWrapper
 

@@ -220,7 +220,7 @@ def run(args) -> int:
     from monet.zoo.models import MODELS
     from monet.plan import WithLoss, prepare
     from monet.profiling.baselines import chen_checkpoint, compile_with_activation_budget
-    from monet.profiling.check import loss_of, step_peak
+    from monet.profiling.measure import loss_of, step_peak
     from monet.profiling.comparison import MethodResult, Training, measure_method
     from monet.profiling.training import random_target
 
