@@ -13,7 +13,7 @@ allocated:
   the logsumexp), and **kept**: the same measured, the bytes of the forward's outputs that the
   backward reads;
 - **peak**: peak bytes of forward + backward above what was live before (CPU: allocator events,
-  `monet.profiling.memory.measure_peak`, so the kernels' temporaries count; CUDA:
+  `monet.profiling.peak.measure_peak`, so the kernels' temporaries count; CUDA:
   ``max_memory_allocated``);
 - **fwd+bwd ms**: median milliseconds of forward + backward, the backends of a shape interleaved
   (a, b, a, b ...) in one process after a warm-up, by `monet.profiling.measure.interleaved_times_of`
@@ -30,7 +30,7 @@ import torch
 
 from monet.impls.attention import BACKENDS, stored_bytes
 from monet.profiling.measure import interleaved_times_of
-from monet.profiling.memory import measure_peak
+from monet.profiling.peak import measure_peak
 
 MIB = 2 ** 20
 

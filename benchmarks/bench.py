@@ -396,7 +396,7 @@ GPU_TABLE = """| model (batch) | PyTorch GB | MONeT GB @ overhead |
 NOTES = """\
 - **Memory** is the peak bytes allocated by tensors during one forward+backward iteration (parameter
   gradients None at the start, no optimizer step), measured at the CPU allocator from the profiler's
-  raw allocation events (`monet.profiling.memory.measure_peak`), so kernel temporaries (oneDNN
+  raw allocation events (`monet.profiling.peak.measure_peak`), so kernel temporaries (oneDNN
   reorders, scratchpads) count; parameters, buffers, the input and the output gradient are included.
   MiB = 2^20 bytes. *vs plain* is measured peak / plain PyTorch's measured peak.
 - **Budgets** are percentages of the *simulated* plain-PyTorch peak (the keep-everything schedule

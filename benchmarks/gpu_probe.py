@@ -1,6 +1,6 @@
 """What the BLAS libraries allocate through PyTorch's caching allocator on this GPU and torch.
 
-`monet.profiling.cuda_memory.library_workspace_bytes` counts, per thread that runs a matrix product,
+`monet.profiling.cuda_bytes.library_workspace_bytes` counts, per thread that runs a matrix product,
 one cuBLAS workspace plus, when cuBLASLt does not share it, one cuBLASLt workspace.  Which of the two
 this torch release does (unified by default from PR #168175; PR #175879 later fixed how the size was
 parsed) is read from the sources, not measured.  This script measures it in a fresh process, each
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from monet.profiling import cuda_memory as cm
+from monet.profiling import cuda_bytes as cm
 
 
 def _allocated() -> int:

@@ -29,7 +29,7 @@ files in ``--work-dir``, so the solve can run on a laptop between two GPU sessio
 3. **measure** (on ``--device``): plain PyTorch, each schedule (`monet.wrapper.MONeTWrapper`) and
    the peers (Chen's sqrt(n) checkpointing and ``torch.compile``'s activation memory budget,
    `monet.profiling.baselines`), each: peak allocated bytes of one forward+backward iteration after
-   warm-up (CUDA ``max_memory_allocated``; CPU: allocator events, `monet.profiling.memory`), peak
+   warm-up (CUDA ``max_memory_allocated``; CPU: allocator events, `monet.profiling.peak`), peak
    reserved bytes (CUDA ``max_memory_reserved``, after ``torch.cuda.empty_cache()`` so earlier
    candidates' cached blocks do not count) and reserved / allocated (fragmentation), overhead
    (interleaved with plain PyTorch, the median of each turn's ratio, `monet.profiling.measure.overhead`) and, for the

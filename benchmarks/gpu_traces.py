@@ -4,7 +4,7 @@ One visit of a GPU machine records, for each configuration, one training iterati
 by node (`monet.profiling.trace.record_trace`: the caching allocator's counters around every FX node,
 its event history attributed to the nodes) and writes it as a small gzip JSON file.  Committed under
 ``tests/data/traces/``, every CPU run of the suite replays them (tests/test_trace.py): the simulator,
-with its CUDA terms (`monet.profiling.cuda_memory`), against what the H100 allocated.
+with its CUDA terms (`monet.profiling.cuda_bytes`), against what the H100 allocated.
 
 Configurations (`CONFIGS`; ``--tiny`` the same shapes of model at test size, for the CPU):
 

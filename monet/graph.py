@@ -154,13 +154,13 @@ class OpGraph:
             parameter or buffer name, a lifted constant tensor, or the index of an input leaf
             (`monet.frontend.primal_sources`); None for a graph built otherwise.
         device: the device type the step runs on, which decides how bytes are counted
-            (`monet.profiling.cuda_memory.memory_terms`): ``"cuda"`` (allocator blocks, library
+            (`monet.profiling.cuda_bytes.memory_terms`): ``"cuda"`` (allocator blocks, library
             workspaces), else exact bytes (``"cpu"``; ``"meta"`` for a capture on the meta device,
             counted as on CPU unless the caller sets ``"cuda"``).  Not part of the fingerprint.
         cuda_capability: the GPU's compute capability (major, minor) when known (a capture on a
             CUDA device; set by hand for a meta capture), for the cuBLAS workspace size.
         library_bytes: bytes held outside the graph's nodes through the step (the BLAS workspaces
-            of a CUDA graph, set by `monet.profiling.cuda_memory.sized_graph`; 0 otherwise).
+            of a CUDA graph, set by `monet.profiling.cuda_bytes.sized_graph`; 0 otherwise).
         exported: ``(call key, module)``: the Dynamo export the capture traced
             (`monet.inputs.call_key` of its inputs, `monet.frontend.export`'s module), which the
             first trace of a wrapper made from this capture takes instead of exporting the model
@@ -229,7 +229,7 @@ class OpGraph:
 
         A capture on the meta device counts bytes as the CPU does; a schedule solved from it for a
         CUDA GPU must count them as CUDA's caching allocator does (512-byte blocks, the cuBLAS
-        workspaces: `monet.profiling.cuda_memory.memory_terms`), or its budget leaves those bytes out
+        workspaces: `monet.profiling.cuda_bytes.memory_terms`), or its budget leaves those bytes out
         (64 MiB on an H100).
 
         Args:

@@ -21,7 +21,7 @@ tensor gets one, in case it is freed unread.  Untested on a GPU here (no device 
 that wrote it): the `cuda`-marked test in tests/test_offload.py runs it where one exists.
 
 **CPU** (tests): the host copy is a numpy array, memory that c10's CPU allocator, and so the
-measured peak (`monet.profiling.memory`), does not see, while the copy back is a torch tensor that
+measured peak (`monet.profiling.peak`), does not see, while the copy back is a torch tensor that
 it does: the measured peak drops as the ILP predicts, and the values round-trip bit for bit.  The
 copies are synchronous; there is nothing to hide them behind.
 

@@ -90,7 +90,7 @@ def replay(graph: fx.Graph, workspace: Callable[[fx.Node], int], held: set[str],
         held: storage roots never freed here (primals, tangents: owned by the caller).
         live: storages live on entry (root name -> bytes), e.g. the saved tensors; updated.
         nbytes: bytes one (fake) tensor takes (`monet.graph.tensor_bytes`; on CUDA its allocator
-            block, `monet.profiling.cuda_memory.MemoryTerms.tensor`).
+            block, `monet.profiling.cuda_bytes.MemoryTerms.tensor`).
         timeline: when a list, one `TimelineRow` per ``call_function`` node is appended (bytes
             tracked here, without the caller's constants; ``pass_`` left empty).
     """
@@ -173,7 +173,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule | fx.Graph, bw: fx.GraphModule |
              fwd_workspace=None, bwd_workspace=None, timeline: bool = False) -> SimResult:
     """Simulated peak of one iteration of the executor's modules (bytes).
 
-    Bytes are counted as the graph's device counts them (`monet.profiling.cuda_memory.memory_terms`):
+    Bytes are counted as the graph's device counts them (`monet.profiling.cuda_bytes.memory_terms`):
     exact tensor bytes on CPU; on CUDA each tensor as its allocator block, plus the BLAS libraries'
     workspaces held through the step.
 
@@ -185,7 +185,7 @@ def simulate(graph: OpGraph, fw: fx.GraphModule | fx.Graph, bw: fx.GraphModule |
         timeline: also return the per-node `TimelineRow` list (``SimResult.timeline``), bytes over
             the whole iteration as the peaks are.
     """
-    from monet.profiling.cuda_memory import memory_terms, sized_graph
+    from monet.profiling.cuda_bytes import memory_terms, sized_graph
 
     fw_graph = fw.graph if isinstance(fw, fx.GraphModule) else fw
     bw_graph = bw.graph if isinstance(bw, fx.GraphModule) else bw

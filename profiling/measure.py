@@ -5,7 +5,7 @@ One training iteration, as docs/design.md ("Measuring") defines it: parameter gr
 any inputs `monet.inputs.ExampleInputs.of` takes (keyword arguments of a language model ...); a
 model whose output is not a tensor (a ``ModelOutput`` or dict with a ``loss``) has ``g = None``
 (`output_grad`) and is trained through ``loss_of(y).backward()``.  Peak memory is
-measured at the allocator (`monet.profiling.memory.measure_peak`) and includes parameters,
+measured at the allocator (`monet.profiling.peak.measure_peak`) and includes parameters,
 buffers, the input and ``g``.  Overhead is measured in one process, the schedule and plain PyTorch
 interleaved after warm-up: the median over the turns of the schedule's iteration time over plain
 PyTorch's of the same turn, minus 1 (`paired_overhead`), which a drift of the machine's speed
@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from monet import mixed_precision
-from monet.profiling.memory import PeakMemory, live_tensor_bytes, measure_peak
+from monet.profiling.peak import PeakMemory, live_tensor_bytes, measure_peak
 
 
 @dataclass

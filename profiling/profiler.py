@@ -11,7 +11,7 @@ value passed on to the rest of the graph, then re-run for its measurements:
 * **once per signature**: a node whose op signature (`monet.graph.op_signature`: operator,
   arguments' shapes, strides, dtypes and values) was measured already takes that node's time and
   workspace, so the identical layers of a deep network cost one layer's measurements.
-* **workspace** (bytes): one more run under `monet.profiling.memory.measure_peak`: the peak bytes
+* **workspace** (bytes): one more run under `monet.profiling.peak.measure_peak`: the peak bytes
   allocated during the call minus what was allocated before it (the op's inputs and everything
   else live) minus the bytes of the op's new output storages, clamped at 0.  On CUDA the caching
   allocator's ``max_memory_allocated`` (outputs rounded to its 512-byte blocks); on CPU the
@@ -45,7 +45,7 @@ import torch.nn as nn
 from monet.graph import Node, OpGraph, PRIMAL, TANGENT, op_signature
 from monet.profiling.costs import (DEFAULT_IMPL, costs_for, make_table, node_bytes_moved, node_flops,
                                    validate_costs)
-from monet.profiling.memory import measure_peak
+from monet.profiling.peak import measure_peak
 
 __all__ = [
     "profile_costs",

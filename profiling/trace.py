@@ -11,11 +11,11 @@ all of that in a probe, so the frees a node causes belong to it.  Attribution:
 * **CPU**: the probe is a ``torch.profiler.record_function("monet::<row>")``; the iteration runs under
   ``torch.profiler.profile(profile_memory=True)`` and each raw allocator event is attributed to the
   ``record_function`` that encloses it in the profiler's event tree
-  (`monet.profiling.memory.cpu_scoped_allocation_events`).  Events outside every node (autograd's
+  (`monet.profiling.peak.cpu_scoped_allocation_events`).  Events outside every node (autograd's
   engine, AOTAutograd's runtime between the passes) are placed, by their time stamps, in the gap
   before the next node (``gap_peak_bytes``) or after the last one.  Bytes are the requested bytes,
   on top of the live tensors at the start (parameters, buffers, inputs, output gradient:
-  `monet.profiling.memory.live_tensor_bytes`).
+  `monet.profiling.peak.live_tensor_bytes`).
 * **CUDA**: the probe reads the caching allocator's counters: ``max_memory_allocated`` since the last
   probe (the gap's peak), ``memory_allocated`` before, ``reset_peak_memory_stats``, then after the
   node ``max_memory_allocated`` (the node's peak) and ``memory_allocated`` (after).  These are host
@@ -29,7 +29,7 @@ all of that in a probe, so the frees a node causes belong to it.  Attribution:
 
 **Simulating** the same iteration: `monet.simulate.simulate` with ``timeline=True`` replays the
 modules AOTAutograd ran (the one peak function), with the graph's device's `memory_terms`
-(`monet.profiling.cuda_memory`) and the per-node workspace the trace names.
+(`monet.profiling.cuda_bytes`) and the per-node workspace the trace names.
 
 **The file** (`Trace.save` / `Trace.load`): gzip-compressed JSON (``.json.gz``), a few kB for a small
 model, about 100 kB for ResNet-50::
@@ -403,7 +403,7 @@ def _measure_step(step, probe, scheduled, x, g, device) -> tuple[dict, pd.DataFr
     """(measured, allocator events, baseline bytes) of one ``step()`` of ``scheduled``, the probe
     recording each node: allocator events with their scopes on the CPU, the caching allocator's
     history on CUDA (its peak after the last node as ``tail_peak_bytes``)."""
-    from monet.profiling.memory import cpu_scoped_allocation_events, live_tensor_bytes
+    from monet.profiling.peak import cpu_scoped_allocation_events, live_tensor_bytes
 
     if device.type == "cpu":
         baseline = live_tensor_bytes(scheduled, x.tensors(), *([] if g is None else [g]), device="cpu")
@@ -485,7 +485,7 @@ def replay_trace(trace: Trace, graph=None):
     """Recompute a trace's simulation here (any machine, no GPU): rebuild its joint graph with fake
     tensors of the recorded device (`graph_from_json`), build the executor's modules of the recorded
     schedule (`monet.executor.build_modules`), simulate them (`monet.simulate.simulate`) with the
-    recorded workspace and the recorded device's byte counting (`monet.profiling.cuda_memory`),
+    recorded workspace and the recorded device's byte counting (`monet.profiling.cuda_bytes`),
     under the recorded allocator / BLAS environment variables.
 
     Args:

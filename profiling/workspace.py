@@ -45,7 +45,7 @@ anything else              ``out / 2 + 256``                                    
     the query gradient (measured 2.1 MB at T=1 and 17.8 MB at T=16 for 2 heads of 2048 x 64).
 [e] Elementwise ops, reductions, softmax, pooling, matmuls measured at most 12 bytes or 0.27x
     their output (``_safe_softmax``); MKL's matmul packing buffers come from MKL's own allocator,
-    which neither this bound nor the allocator-level peak (`monet.profiling.memory`) sees.
+    which neither this bound nor the allocator-level peak (`monet.profiling.peak`) sees.
 
 [f] `monet.lm_loss`: per chunk the head's logits, their float32 copy and log-softmax (forward);
     the logits, log-softmax and their gradients, and in one chunk the weight's gradient as a (H, V)
@@ -61,7 +61,7 @@ anything else              ``out / 2 + 256``                                    
 CUDA (not measured here: no GPU was available).  The bound takes the convolution family as
 ``max(w, out) + in`` and every other family as on CPU without the per-thread terms (one stream, no
 thread pool).  It is a guess, not a bound: PyTorch 2.11-2.15 run the top cuDNN heuristic plan
-whatever its workspace, and nothing caps it outside benchmark mode (`monet.profiling.cuda_memory`
+whatever its workspace, and nothing caps it outside benchmark mode (`monet.profiling.cuda_bytes`
 reads the sources), and the H100 profile of ResNet-50 at batch 184 (torch 2.11, cuDNN 9; in
 benchmarks/profiles) exceeds it on 20 of its 106 convolution nodes, by up to 17 % (forward node 190:
 119,063,552 bytes measured, 101,761,024 bounded).  Solve with ``--cost hybrid`` or ``--cost profile`` on the GPU where the

@@ -9,7 +9,7 @@ import operator
 import numpy as np
 
 from monet.graph import OpGraph, tensors_in
-from monet.profiling.cuda_memory import memory_terms, sized_graph
+from monet.profiling.cuda_bytes import memory_terms, sized_graph
 from monet.rng import random_op_device, state_meta
 from monet.matrices import ancestors
 from monet.solver.memory_model import MemoryModel, Option
@@ -39,7 +39,7 @@ def rng_state_bytes(graph: OpGraph) -> np.ndarray:
     """(N,) bytes of the generator state saved for each forward node that draws random numbers
     (0 for the others), on the device it draws on (`monet.rng`; in a graph traced for Inductor
     the draw's output itself, docs/design.md "Note [Random ops compiled]"), counted as the graph's device
-    counts a tensor (`monet.profiling.cuda_memory.memory_terms`): exact on the CPU (5,056 bytes), an
+    counts a tensor (`monet.profiling.cuda_bytes.memory_terms`): exact on the CPU (5,056 bytes), an
     allocator block on a CUDA graph (512 for a CUDA generator's 16 bytes, 5,120 for the CPU
     generator's 5,056), as the simulator counts the saved state and the one a replay holds."""
     out = np.zeros(len(graph.fwd))
@@ -298,7 +298,7 @@ def build_memory_model(graph: OpGraph, fwd_workspace=None, bwd_workspace=None,
     """
     options = options or []
     # bytes as the device counts them (CUDA: allocator blocks, library workspaces; CPU: unchanged),
-    # the same sizes the simulator uses (`monet.profiling.cuda_memory.sized_graph`)
+    # the same sizes the simulator uses (`monet.profiling.cuda_bytes.sized_graph`)
     given_options, graph = options, sized_graph(graph)
     options = [o if sized_graph(o.graph) is o.graph else dataclasses.replace(o, graph=sized_graph(o.graph))
                for o in options]

@@ -1,4 +1,4 @@
-"""`monet.profiling.cuda_memory`: the CUDA caching allocator's rounding, the BLAS workspaces, and
+"""`monet.profiling.cuda_bytes`: the CUDA caching allocator's rounding, the BLAS workspaces, and
 the memory model (simulator and ILP) counting them for a CUDA graph, on any machine."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ci import IN_CI
 
 from monet.capture import capture
 from monet.executor import build_modules
-from monet.profiling import cuda_memory as cm
+from monet.profiling import cuda_bytes as cm
 from monet.profiling.costs import analytic_costs, costs_for
 from monet.matrices import schedule_from_matrices
 from monet.simulate import simulate

@@ -1,8 +1,8 @@
-"""Peak-memory measurement (monet.profiling.memory) against known byte counts."""
+"""Peak-memory measurement (monet.profiling.peak) against known byte counts."""
 import pytest
 import torch
 
-from monet.profiling.memory import (
+from monet.profiling.peak import (
     PeakMemory,
     cpu_allocation_events,
     live_tensor_bytes,

@@ -26,7 +26,7 @@ from monet import mixed_precision
 from monet.capture import capture
 from monet.cli import main
 from monet.profiling.costs import DeviceSpec, analytic_costs, costs_for
-from monet.profiling.cuda_memory import memory_terms
+from monet.profiling.cuda_bytes import memory_terms
 from monet.solution import (FORMAT_VERSION, MAGIC, AutocastMismatchError, SolutionFileError, SolutionMeta,
                             SolutionMismatchError, describe, load_solution, save_solution)
 from monet.solver.solve import eager_peak, solve

@@ -237,7 +237,7 @@ def test_cuda_offload_schedule():
     gc.collect()
     residue = torch.cuda.memory_allocated() - x.nbytes - g.nbytes  # on the device before the wrapped model
     measured = measure_iteration_peak(MONeTWrapper(on_gpu(), sol, (64,)), x, g)
-    # the memory model counts blocks and the BLAS workspaces (monet.profiling.cuda_memory); what is
+    # the memory model counts blocks and the BLAS workspaces (monet.profiling.cuda_bytes); what is
     # left is the allocator's split slack, at most 1 MiB per large block, none for this chain's blocks
     assert measured <= least * 1.02, dict(measured=measured, least=least, over=measured - least, residue=residue)
     _, grads_equal, _ = compare_gradients(

@@ -16,7 +16,7 @@ import monet
 from monet.inputs import ExampleInputs
 from monet.plan import WithLoss, optimizer_state_bytes, prepare
 from monet.profiling import measure as chk
-from monet.profiling.memory import live_tensor_bytes, measure_peak
+from monet.profiling.peak import live_tensor_bytes, measure_peak
 from monet.wrapper import MONeTWrapper
 from usernet import UserNet, labelled_batch
 
