@@ -255,9 +255,10 @@ class Plan:
         smallest, budget_bytes, reserved = self._schedule_budget(budget, optimizer, accumulate_grads, reserved_bytes)
 
         from monet.models import input_info
+        from monet.solution import RunInfo
 
-        info = dict(model=self.name, device=self.device, **input_info(self.inputs, None),
-                    loss=loss_name(self.module.loss_fn) if isinstance(self.module, WithLoss) else None)
+        info = RunInfo(model=self.name, device=self.device, **input_info(self.inputs, None),
+                       loss=loss_name(self.module.loss_fn) if isinstance(self.module, WithLoss) else None)
         t0 = time.perf_counter()
         deadline = Deadline(time_limit)
         calibrating = calibrate and self.calibrates

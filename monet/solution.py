@@ -16,6 +16,7 @@ forbidden global) is a `SolutionFileError` that names the file and what is wrong
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import io
 import os
@@ -108,6 +109,38 @@ class Schedule:
         """Number of forward-node recomputations over all backward stages (a node recomputed in two
         stages counts twice): the schedule's recompute steps."""
         return sum(s.kind == RECOMPUTE for s in self.steps())
+
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a solver is told about the run it solves for, recorded in the `SolutionMeta` it makes:
+    the model's name, the batch size, one sample's input shape (without the batch), the input
+    dtype's name, the device type, the inputs spec (None: one tensor, or the factory's own inputs)
+    and the loss traced with the model (`monet.with_loss.loss_name`).  None: taken from the graph."""
+    model: str = ""
+    batch_size: int | None = None
+    input_shape: tuple | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+    inputs_spec: str | None = None
+    loss: str | None = None
+
+    @classmethod
+    def of(cls, info: "RunInfo | dict | None") -> "RunInfo":
+        """``info`` as a `RunInfo` (a dict's keys are its fields; None: every default).
+
+        Raises:
+            TypeError: a key that is no field."""
+        if info is None:
+            return cls()
+        if isinstance(info, cls):
+            return info
+        unknown = sorted(set(info) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown run information {', '.join(map(repr, unknown))}: a RunInfo has "
+                            f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+        return cls(**info)
 
 
 @dataclass
@@ -515,6 +548,6 @@ def describe(sol: Solution) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "STATUSES", "Stage", "Schedule", "SolutionMeta", "Solution",
+__all__ = ["MAGIC", "FORMAT_VERSION", "STATUSES", "Stage", "Schedule", "RunInfo", "SolutionMeta", "Solution",
            "SolutionFileError", "SolutionMismatchError", "AutocastMismatchError", "save_solution", "load_solution",
            "check_compatible", "describe"]

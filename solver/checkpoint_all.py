@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.deadline import Deadline
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.solver.finish import finish_solution, keep_all_matrices
 
 
 def solve_checkpoint_all(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,
-                         info: dict | None = None, **_) -> Solution:
+                         info: RunInfo | dict | None = None, **_) -> Solution:
     """Plain PyTorch's schedule: every forward node's outputs kept in every backward stage.
 
     Its objective is the plain iteration time (``costs.total_time``, seconds), its peak the
@@ -29,7 +29,7 @@ def solve_checkpoint_all(graph: OpGraph, costs: CostArrays, budget: int, *, dead
     const = costs.total_time
     sol = finish_solution(graph, costs, S, R, budget=budget, mode="none", status="optimal", solver="none",
                           objective_s=const, bound_s=const, gap=0.0, solve_time_s=deadline.elapsed(),
-                          info=info or {}, check=False)
+                          info=info, check=False)
     if sol.meta.predicted_peak_bytes > budget:
         raise InfeasibleBudgetError(budget, sol.meta.predicted_peak_bytes, "none")
     return sol

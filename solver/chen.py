@@ -20,7 +20,7 @@ import numpy as np
 
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.deadline import Deadline
 from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError
@@ -38,7 +38,7 @@ def chen_matrices(graph: OpGraph, mem: MemoryModel) -> tuple[np.ndarray, np.ndar
 
 
 def solve_chen(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,
-               info: dict | None = None, **_) -> Solution:
+               info: RunInfo | dict | None = None, **_) -> Solution:
     """Chen et al. 2016's sqrt(n) schedule (Sec. 4; see the module docstring) as a `Solution` in
     recompute-or-store mode ("normal"), solver "chen-sqrt(n)".
 
@@ -55,7 +55,7 @@ def solve_chen(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Dead
     cost = float(np.asarray(costs.fwd_recompute, dtype=float) @ R.sum(axis=0))
     sol = finish_solution(graph, costs, mem.group_to_node(S), R, budget=budget, mode="normal", status="heuristic",
                           solver="chen-sqrt(n)", objective_s=costs.total_time + cost, bound_s=None, gap=None,
-                          solve_time_s=deadline.elapsed(), info=info or {}, check=False)
+                          solve_time_s=deadline.elapsed(), info=info, check=False)
     if sol.meta.predicted_peak_bytes > budget:
         raise InfeasibleBudgetError(budget, sol.meta.predicted_peak_bytes, "normal (Chen's sqrt(n) schedule)")
     return sol

@@ -19,14 +19,14 @@ from monet.profiling.costs import CostArrays
 from monet.matrices import schedule_from_matrices, without_dead_recomputations
 from monet.simulate import schedule_peak
 from monet.solver.choices import chosen_graph, chosen_impls
-from monet.solution import Solution, SolutionMeta
+from monet.solution import RunInfo, Solution, SolutionMeta
 from monet.solver.memory_build import build_memory_model
 from monet.solver.memory_model import MemoryModel
 from monet.solver.offload import build_offload_model
 
 
 def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mode: str, status: str, solver: str,
-                    objective_s: float, bound_s, gap, solve_time_s: float, info: dict,
+                    objective_s: float, bound_s, gap, solve_time_s: float, info: RunInfo | dict | None,
                     eager: int | None = None, eager_time: float | None = None, offload: tuple = (),
                     offload_bandwidth: float | None = None, check: bool = True) -> Solution:
     """The `Solution` of (S (T, N), R (T, N) bool: kept at the start of / recomputed in each backward
@@ -54,16 +54,19 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
     eager = eager_peak(graph, costs) if eager is None else eager
     eager_time = costs.plain_time if eager_time is None else eager_time
     shape = graph.input_shape
-    meta = SolutionMeta(model=info.get("model", ""), batch_size=info.get("batch_size", shape[0] if shape else 0),
-                        input_shape=info.get("input_shape", shape[1:]), dtype=info.get("dtype", graph.input_dtype),
-                        budget_bytes=budget, mode=mode, device=info.get("device", "cpu"),
+    info = RunInfo.of(info)
+    meta = SolutionMeta(model=info.model, batch_size=info.batch_size if info.batch_size is not None else
+                        (shape[0] if shape else 0),
+                        input_shape=info.input_shape if info.input_shape is not None else shape[1:],
+                        dtype=info.dtype if info.dtype is not None else graph.input_dtype,
+                        budget_bytes=budget, mode=mode, device=info.device,
                         cost_source="+".join(costs.source), predicted_peak_bytes=sim.peak_bytes, eager_peak_bytes=eager,
                         objective_s=objective_s, bound_s=bound_s, gap=gap, solve_time_s=solve_time_s,
                         status=status, solver=solver, torch_version=torch.__version__,
                         monet_version=monet.__version__, fingerprint=graph.fingerprint,
                         graph_summary=graph.summary, n_fwd=len(graph.fwd), n_bwd=len(graph.bwd),
-                        eager_time_s=eager_time, inputs_spec=info.get("inputs_spec"),
-                        offload_bandwidth=offload_bandwidth if offload else None, loss=info.get("loss"),
+                        eager_time_s=eager_time, inputs_spec=info.inputs_spec,
+                        offload_bandwidth=offload_bandwidth if offload else None, loss=info.loss,
                         compiled=graph.compiled)
     return Solution(schedule=schedule, S=np.asarray(S, dtype=bool), R=np.asarray(R, dtype=bool), meta=meta)
 

@@ -12,7 +12,7 @@ import time
 
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.deadline import Deadline
 from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError
@@ -20,7 +20,8 @@ from monet.solver.repair import drop_greedily, improve
 from monet.solver.finish import finish_solution, memory_model
 
 
-def solve_greedy(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,
+def solve_greedy(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,
+                 info: RunInfo | dict | None = None,
                  descend: bool = True, **_) -> Solution:
     """The greedy schedule at ``budget`` bytes (status "heuristic", solver "greedy"), improved by
     the greedy descent of `solver.repair.improve` (with ``descend``) until ``deadline``.
@@ -46,4 +47,4 @@ def solve_greedy(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
         S, R, cost = improve(graph, mem, S, R, float(budget), costs.fwd_recompute, allow_s, deadline.end)
     return finish_solution(graph, costs, mem.group_to_node(S), R, budget=budget, mode="normal", status="heuristic",
                            solver="greedy", objective_s=costs.total_time + cost, bound_s=None, gap=None,
-                           solve_time_s=time.perf_counter() - t0, info=info or {})
+                           solve_time_s=time.perf_counter() - t0, info=info)

@@ -11,7 +11,7 @@ import time
 
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.deadline import Deadline
 from monet.solver.formulation import LARGE
 from monet.solver.ilp import InfeasibleBudgetError, problem_size, solve_ilp
@@ -22,7 +22,8 @@ from monet.solver.finish import finish_solution, memory_model, simulated_peak_fn
 SIMULATION_MARGIN = 1.5
 
 
-def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,
+def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,
+                 info: RunInfo | dict | None = None,
                  solver: str = "CBC", verbose: bool = False, mode: str = "normal",
                  eager: int | None = None, eager_time: float | None = None,
                  gap: float = 0.0, progress=None, relaxation: bool = True, smallest: bool = True,
@@ -50,7 +51,7 @@ def solve_normal(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: De
     entries = () if res.O is None else mem.offload.entries(res.O)
     return finish_solution(graph, costs, res.S, res.R, budget=budget, mode=mode, status=res.status,
                            solver=res.solver, objective_s=res.objective_s, bound_s=res.bound_s, gap=res.gap,
-                           solve_time_s=time.perf_counter() - t0, info=info or {}, eager=eager,
+                           solve_time_s=time.perf_counter() - t0, info=info, eager=eager,
                            eager_time=eager_time, offload=entries, offload_bandwidth=offload_bandwidth)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.choices import (chosen_graph, chosen_impls, fixed_time, full_model, lean_impls,
                                   no_recompute_bound, option_seconds, round_options)
 from monet.solver.deadline import Deadline
@@ -161,7 +161,7 @@ def validate_policy(policy: Policy) -> None:
         raise ValueError("the policy's margins must be >= 0 seconds")
 
 
-def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: dict | None = None, *, mode: str,
+def solve_full(graph: OpGraph, costs: CostArrays, budget: int, info: RunInfo | dict | None = None, *, mode: str,
                solver: str = "CBC", time_limit: float = 60.0, verbose: bool = False, device: str = "cpu",
                cost_fn=None, progress=None, gap: float = 0.0, policy: Policy = POLICY) -> Solution:
     """MONeT's ILP choosing operator implementations jointly with checkpoints (Sec. 4), as a
@@ -274,7 +274,7 @@ class _Run:
             g2, c2 = chosen_graph(g, c, self.options, chosen_impls(self.options, res.M))
             self.sol = finish_solution(g2, c2, res.S, res.R, budget=self.budget, mode=self.mode, status=res.status,
                                        solver=res.solver, objective_s=res.objective_s, bound_s=res.bound_s,
-                                       gap=res.gap, solve_time_s=time.perf_counter() - self.t0, info=self.info or {},
+                                       gap=res.gap, solve_time_s=time.perf_counter() - self.t0, info=self.info,
                                        eager=self.ref["eager"],
                                        eager_time=self.ref["eager_time"])
 

@@ -11,7 +11,7 @@ import time
 
 from monet.graph import OpGraph
 from monet.profiling.costs import CostArrays
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.deadline import Deadline
 from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError
@@ -20,7 +20,8 @@ from monet.solver.repair import round_and_repair
 from monet.solver.finish import finish_solution, memory_model, simulated_peak_fn
 
 
-def solve_rounding(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline, info: dict | None = None,
+def solve_rounding(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: Deadline,
+                 info: RunInfo | dict | None = None,
                    **_) -> Solution:
     """The cheapest repaired rounding of the LP relaxation at ``budget`` bytes (status
     "heuristic", solver "lp-rounding").  The LP gets the seconds ``deadline`` has left (at least
@@ -49,4 +50,4 @@ def solve_rounding(graph: OpGraph, costs: CostArrays, budget: int, *, deadline: 
     return finish_solution(graph, costs, mem.group_to_node(S), R, budget=budget, mode="normal", status="heuristic",
                            solver="lp-rounding", objective_s=objective, bound_s=bound,
                            gap=None if bound is None else max(0.0, 1 - bound / objective) if objective > 0 else 0.0,
-                           solve_time_s=time.perf_counter() - t0, info=info or {})
+                           solve_time_s=time.perf_counter() - t0, info=info)

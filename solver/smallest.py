@@ -40,7 +40,7 @@ def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode
     return finish_solution(g, c, S, R, budget=budget, mode=mode, status="heuristic",
                            solver=solver.upper() + "+min-budget",
                            objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
-                           solve_time_s=0.0, info=info or {}, eager=ref["eager"],
+                           solve_time_s=0.0, info=info, eager=ref["eager"],
                            eager_time=ref["eager_time"])
 
 

@@ -26,7 +26,7 @@ from monet.graph import OpGraph
 from monet.impls import MODES, mode_tokens
 from monet.profiling.costs import CostArrays
 from monet.matrices import schedule_from_matrices
-from monet.solution import Solution
+from monet.solution import RunInfo, Solution
 from monet.solver.budget import parse_budget  # noqa: F401 (monet.solver.solve's name)
 from monet.solver.checkpoint_all import solve_checkpoint_all
 from monet.solver.chen import solve_chen
@@ -76,7 +76,7 @@ SEARCH_SHARE = 0.5
 
 
 def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "normal", *,
-          solver: str = "CBC", time_limit: float = 60.0, info: dict | None = None,
+          solver: str = "CBC", time_limit: float = 60.0, info: RunInfo | dict | None = None,
           verbose: bool = False, device: str = "cpu", cost_fn=None, progress=None, gap: float = 0.0,
           offload_bandwidth: float | None = None, deadline: Deadline | None = None, knee_min: bool = True) -> Solution:
     """Solve at ``budget`` bytes, or when ``budget`` is None at the smallest budget found whose
@@ -114,8 +114,10 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
 
     Raises:
         ValueError: unknown mode; offload with a mode other than normal.
+        TypeError: ``info`` with a key that is no field of `monet.solution.RunInfo`.
         InfeasibleBudgetError: the budget is below the smallest feasible one (named in the message).
     """
+    info = RunInfo.of(info)  # one typed record from here on
     mode = MODES[-1] if mode == "full" else mode
     mode_tokens(mode)  # validates
     check_offload(mode, offload_bandwidth)

@@ -143,3 +143,16 @@ def test_a_small_lp_relaxation_is_solved_whatever_the_time_limit():
     bound, frac = relaxation.min_budget_relaxation(graph, mem, "normal", time_limit=1e-9)
     assert bound is not None and frac is not None
     assert bound == pytest.approx(relaxation.min_budget_relaxation(graph, mem, "normal", time_limit=60)[0], rel=1e-9)
+
+
+def test_the_run_information_is_one_typed_record():
+    """The solvers take a `RunInfo` (a dict of its fields is converted once, at the entry); the
+    solution records it, and a key that is no field is refused with the fields named."""
+    from monet.solution import RunInfo
+
+    graph, costs = _graph(chain(*CHAIN))
+    sol = solve(graph, costs, None, "normal", time_limit=5, info={"model": "chain", "device": "cpu"})
+    assert sol.meta.model == "chain" and sol.meta.batch_size == graph.input_shape[0]
+    assert RunInfo.of(None) == RunInfo() and RunInfo.of(RunInfo(model="m")).model == "m"
+    with pytest.raises(TypeError, match="'modle'.*a RunInfo has model, batch_size"):
+        solve(graph, costs, None, "normal", time_limit=5, info={"modle": "chain"})

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monet.solution import RunInfo
 from monet.solver import DEFAULT_GAP
 from monet.solver.best_known import BEST_KNOWN, SAME, best_fitting, budget_key, load_best_known, record_best_known
 from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, load_index, save_index)
@@ -297,8 +298,8 @@ def _solve(graph, zc: ZooCosts, cfg: ZooConfig, name: str, budget: int, ctx: _Ct
 
     _log(f"{name}: solving at {budget / GiB:.3f} GiB ({budget} bytes), {cfg.mode}, {ctx.solver}, "
          f"time limit {ctx.time_limit:g} s")
-    info = dict(model=cfg.model, batch_size=cfg.batch_size, input_shape=cfg.shape, dtype=graph.input_dtype,
-                device=cfg.device)
+    info = RunInfo(model=cfg.model, batch_size=cfg.batch_size, input_shape=cfg.shape, dtype=graph.input_dtype,
+                   device=cfg.device)
     progress = (lambda msg: _log(f"  {name}: {msg}")) if ctx.solver_log else None
     t0 = time.perf_counter()
     sol = solve(graph, zc.costs, budget, cfg.mode, solver=ctx.solver, time_limit=ctx.time_limit, info=info,

@@ -169,6 +169,7 @@ def run(args) -> int:
     import torch
 
     from monet.models import input_info
+    from monet.solution import RunInfo
     from monet.plan import CALIBRATED_SOLVE_SHARE, loss_outside_note
     from monet.profiling.calibration import applies as calibrates, timing_fits
     from monet.solution import describe, save_solution
@@ -214,8 +215,8 @@ def run(args) -> int:
             budget = _smallest_budget(args, graph, costs, eager, device, cost_fn, bandwidth, solving)
         elif budget is None:
             budget = parse_budget_arg(args.budget, eager)
-        kw = dict(solver=args.solver, info=dict(model=args.model, device=device.split(":")[0], **input_info(x, spec)),
-                  device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
+        info = RunInfo(model=args.model, device=device.split(":")[0], **input_info(x, spec))
+        kw = dict(solver=args.solver, info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
                   offload_bandwidth=bandwidth)
         sol = _solve_at(args, budget, model, x, graph, costs, kw, solving, deadline if calibrating else None, capture_s)
     except RuntimeError as e:  # the solver found no schedule in time
