@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import pickle
 
@@ -187,6 +188,7 @@ def test_distributed_data_parallel_wrap(solved, tmp_path):
 
     model, x, _, _, sol = solved
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    ddp = m = None
     try:
         ddp = DDP(MONeTWrapper(copy.deepcopy(model), sol, SHAPE))
         plain = copy.deepcopy(model)
@@ -196,6 +198,10 @@ def test_distributed_data_parallel_wrap(solved, tmp_path):
         for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
             assert torch.equal(p.grad, q.grad), n
     finally:
+        # DDP's reducer goes before the process group: a reducer that drops the last reference to
+        # a gloo group after destroy_process_group joins the group's threads and can hang there
+        ddp = m = None
+        gc.collect()
         dist.destroy_process_group()
 
 
