@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import re
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -349,7 +348,7 @@ def run(args, argv: list[str]) -> int:
             append_rows(args.csv, display_frame(made).to_dict("records"), prov)
     print(to_markdown(rows, argv))
     if args.record_best:
-        command = "python benchmarks/bench_solver.py " + " ".join(shlex.quote(a) for a in argv)
+        command = command_line("python benchmarks/bench_solver.py", argv)
         for e in record_best_known([r for r in rows if r["formulation"] == "fast"], command):
             _log(f"new best known: {e['model']} {e['budget']}: {e['best']:.6g} {e['unit']}")
     return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -158,7 +157,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    command = "python benchmarks/offload_table.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    from monet.profiling.raw_results import command_line
+
+    command = command_line("python benchmarks/offload_table.py", argv)
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     t_start = time.perf_counter()
     rows: list[dict] = []

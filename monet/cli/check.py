@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 
 from monet.cli.common import (EXIT_CHECK_FAILED, CLIError, build_model, fmt_mib, fmt_pct, fmt_size, print_json,
@@ -127,7 +128,7 @@ def run(args) -> int:
     for f in failures:
         print(f"monet: check failed: {f}", file=sys.stderr)
     if args.json:
-        print_json({**solution_fields(meta), **results, "file": str(args.file), "check_device": device,
+        print_json({**solution_fields(meta), **dataclasses.asdict(results), "file": str(args.file), "check_device": device,
                     "passed": not failures, "failures": failures})
     return EXIT_CHECK_FAILED if failures else 0
 
@@ -163,10 +164,11 @@ def _check_device(args, meta) -> str:
     return device
 
 
-def _measure(args, sol, model_name, model, x, g, amp, reference: str) -> dict:
+def _measure(args, sol, model_name, model, x, g, amp, reference: str):
     """The checks ``args`` asks for (all by default) of the schedule ``sol`` on ``model`` against
-    ``reference`` (plain PyTorch, or ``torch.compile`` for a compiled solution): gradients, peaks
-    (bytes) and the overhead; a check not run is None.
+    ``reference`` (plain PyTorch, or ``torch.compile`` for a compiled solution), as a
+    `monet.profiling.measure.CheckResult`: gradients, peaks (bytes) and the overhead; a check not
+    run is None.
 
     Raises:
         CLIError: the solution does not fit the model."""
@@ -186,64 +188,62 @@ def _measure(args, sol, model_name, model, x, g, amp, reference: str) -> dict:
         plain = copy.deepcopy(model)
         return torch.compile(plain) if reference == "torch.compile" else plain
 
-    results = dict(peak_bytes=None, eager_measured_peak_bytes=None, grad_rel_error=None,
-                   grads_bitwise_equal=None, buffers_bitwise_equal=None, overhead=None,
-                   median_time_s=None, eager_median_time_s=None)
+    results = chk.CheckResult()
     try:
         if want_diff:
             with timed_step(f"comparing gradients with {reference} (one iteration, same weights and RNG)"):
                 diff, equal, bequal = chk.compare_gradients(plain_model, wrapped_model, x, g, autocast=amp)
-            results.update(grad_rel_error=diff, grads_bitwise_equal=equal, buffers_bitwise_equal=bequal)
+            results.grad_rel_error, results.grads_bitwise_equal, results.buffers_bitwise_equal = diff, equal, bequal
         if want_bs or want_rt:
             wrapped, plain = wrapped_model(), plain_model()
         if want_bs:
             with timed_step(f"measuring the peak memory of one iteration: schedule, then {reference}"):
-                results["peak_bytes"] = chk.measure_iteration_peak(wrapped, x, g, autocast=amp)
-                results["eager_measured_peak_bytes"] = chk.measure_iteration_peak(plain, x, g, autocast=amp)
+                results.peak_bytes = chk.measure_iteration_peak(wrapped, x, g, autocast=amp)
+                results.eager_measured_peak_bytes = chk.measure_iteration_peak(plain, x, g, autocast=amp)
         if want_rt:
             with timed_step(f"timing the schedule against {reference} ({args.repeats} interleaved iterations)"):
                 frac, tw, tp = chk.overhead(plain, wrapped, x, g, repeats=args.repeats,
                                             warmup=0 if want_bs else 1, autocast=amp)
-            results.update(overhead=frac, median_time_s=tw, eager_median_time_s=tp)
+            results.overhead, results.median_time_s, results.eager_median_time_s = frac, tw, tp
     except SolutionMismatchError as e:
         raise CLIError(f"{args.file} does not fit {model_name}: {e}") from None
     return results
 
 
-def _failures(results: dict, meta, tolerance: float, amp, reference: str) -> list[str]:
+def _failures(results, meta, tolerance: float, amp, reference: str) -> list[str]:
     """What failed: a measured peak above the budget, gradients further than ``tolerance``."""
     failures = []
-    peak, budget = results["peak_bytes"], meta.budget_bytes
+    peak, budget = results.peak_bytes, meta.budget_bytes
     if peak is not None and peak > budget:
         failures.append(f"measured peak {peak} bytes ({fmt_size(peak)}) exceeds the budget {budget} bytes "
                         f"({fmt_size(budget)})")
-    diff = results["grad_rel_error"]
+    diff = results.grad_rel_error
     if diff is not None and not diff <= tolerance:
         failures.append(f"gradients differ from {reference} by {diff:.3g} (relative), more than "
                         f"{tolerance:g}" + (f" (one unit of {amp[1]} precision)" if amp else ""))
     return failures
 
 
-def _report_rows(results: dict, meta, reference: str) -> list[tuple[str, str]]:
+def _report_rows(results, meta, reference: str) -> list[tuple[str, str]]:
     """The (label, value) rows of the report: sizes, then each check that ran."""
-    peak, budget = results["peak_bytes"], meta.budget_bytes
+    peak, budget = results.peak_bytes, meta.budget_bytes
     rows = [("budget", fmt_mib(budget)), ("predicted peak (schedule)", fmt_mib(meta.predicted_peak_bytes)),
             ("simulated peak (plain PyTorch)", fmt_mib(meta.eager_peak_bytes))]
     if peak is not None:
-        eager_m = results["eager_measured_peak_bytes"]
+        eager_m = results.eager_measured_peak_bytes
         rows += [("measured peak (schedule)", fmt_mib(peak)),
                  (f"measured peak ({reference})", fmt_mib(eager_m)),
                  ("measured / budget", f"{peak / budget:.3f}"),
                  ("predicted / measured", f"{meta.predicted_peak_bytes / peak:.3f}"),
                  ("memory saved", f"{100 * (1 - peak / eager_m):.1f} %" if eager_m else "-")]
-    if results["grad_rel_error"] is not None:
-        rows += [("gradient difference (relative, all gradients)", f"{results['grad_rel_error']:.3g}"),
-                 ("gradients bitwise equal", str(results["grads_bitwise_equal"])),
-                 ("buffers bitwise equal", str(results["buffers_bitwise_equal"]))]
-    if results["overhead"] is not None:
-        rows += [("median iteration (schedule)", f"{1e3 * results['median_time_s']:.2f} ms"),
-                 (f"median iteration ({reference})", f"{1e3 * results['eager_median_time_s']:.2f} ms"),
-                 ("overhead (measured)", fmt_pct(results["overhead"]))]
+    if results.grad_rel_error is not None:
+        rows += [("gradient difference (relative, all gradients)", f"{results.grad_rel_error:.3g}"),
+                 ("gradients bitwise equal", str(results.grads_bitwise_equal)),
+                 ("buffers bitwise equal", str(results.buffers_bitwise_equal))]
+    if results.overhead is not None:
+        rows += [("median iteration (schedule)", f"{1e3 * results.median_time_s:.2f} ms"),
+                 (f"median iteration ({reference})", f"{1e3 * results.eager_median_time_s:.2f} ms"),
+                 ("overhead (measured)", fmt_pct(results.overhead))]
     return rows
 
 
