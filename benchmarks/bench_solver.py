@@ -15,7 +15,7 @@ Per configuration and budget (a percentage of plain PyTorch's simulated peak) th
 ILP's variables and constraint rows, the build time, the solve time (everything `solve` does,
 wall clock), the objective (predicted iteration time, seconds), the best bound, the gap
 (objective - bound) / objective, the predicted peak over the budget, the status, and whether it
-meets issue 18's target: within 1 % of the best schedule known for that row (`BEST_KNOWN`, the
+meets the target: within 1 % of the best schedule known for that row (`BEST_KNOWN`, the
 committed file ``benchmarks/best_known.csv``, `monet.solver.best_known`: the lowest objective any run here has found, with
 the command that found it) within the time limit, or, for a budget below the smallest feasible
 one, proven infeasible within the limit (the budget is under the LP relaxation's bound on the
@@ -61,7 +61,7 @@ from monet.zoo.build import BATCH as ZOO_BATCH
 CONFIGS = dict(ZOO_BATCH)  # model: batch size (MONeT, Table 2; GPT-2 small at 8), as the zoo builds them
 BUDGETS = (70, 60, 50, 40, 33)
 MODE = "inplace_conv_multiway_newnode"
-TARGET = 0.01  # a row's schedule (or smallest budget) within 1 % of the best known (issue 18)
+TARGET = 0.01  # a row's schedule (or smallest budget) within 1 % of the best known
 # the objectives (seconds) a solve's progress lines announce: a MIP solver's incumbents, the local
 # search's schedule above solver.formulation.LARGE
 _ANNOUNCED = re.compile(r"incumbent ([-+0-9.eE]+)|local search's schedule stands \(([-+0-9.eE]+) s\)")

@@ -32,7 +32,7 @@ Rows (`ROWS`): the demo's quarter-width ResNet-50 (``monet demo``: batch 64, 3x6
 ResNet-50 and MobileNetV2 at `benchmarks/bench.py`'s CPU configurations and at batch 2 (where the
 per-node cost shows), the reach suite's tiny GPT-2 (transformers) at batch 16 and 2, the depth
 benchmark's GPT-2, Llama and BERT with 24 layers (``benchmarks/depth.py``: hidden 256, 2 x 256
-tokens; the deep-network goal of issue 40 is the same 2 %), and GPT-2 and BERT at 4, 16, 48 and 96
+tokens; the deep-network goal is the same 2 %), and GPT-2 and BERT at 4, 16, 48 and 96
 layers (the tax against depth; ``--bf16`` runs them under bf16 autocast, as the depth benchmark's
 bf16 rows train); on CUDA
 MONeT's ResNet-50 (batch 184, 3x224x224), the same at batch 16 and 3x64x64 (the GPU's first
@@ -58,7 +58,7 @@ import reach_table as rt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-GOAL = 0.02  # the executor's own cost at a 100 % budget, over plain PyTorch (issue 35)
+GOAL = 0.02  # the executor's own cost at a 100 % budget, over plain PyTorch
 WARMUP = 3  # iterations of each side before timing (the first traces and compiles)
 MIN_PAIRS = 15
 
@@ -261,8 +261,7 @@ def parse_args(argv=None):
                    help="run the executor without the CPU's fp32 dropout lowering "
                         "(monet.impls.dropout.lower_dropout: forward and backward), to set it against the default")
     p.add_argument("--out-of-place", action="store_true",
-                   help="run the executor without its in-place pass (monet.inplace.make_inplace), as schedules "
-                        "solved before 2026-11-29 in any mode but 'inplace' ran")
+                   help="run the executor without its in-place pass (monet.inplace.make_inplace)")
     args = p.parse_args(argv)
     if args.pairs is not None and args.pairs < 3:
         p.error("--pairs must be >= 3")

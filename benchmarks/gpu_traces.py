@@ -9,8 +9,8 @@ with its CUDA terms (`monet.profiling.cuda_bytes`), against what the H100 alloca
 Configurations (`CONFIGS`; ``--tiny`` the same shapes of model at test size, for the CPU):
 
 * ``resnet50-184-5GB-normal``: the zoo's ResNet-50, batch 184, 3x224x224 fp32, a normal-mode schedule
-  solved here at 5 GiB with the per-node costs of ``--profile`` (by default the H100 profile of
-  2026-11-27, ``benchmarks/profiles/dd595582476cd27f_NVIDIA-H100-80GB-HBM3_torch2.11.0-cu130.csv``,
+  solved here at 5 GiB with the per-node costs of ``--profile`` (by default the H100 profile
+  ``benchmarks/profiles/dd595582476cd27f_NVIDIA-H100-80GB-HBM3_torch2.11.0-cu130.csv``,
   when its fingerprint fits; else analytic costs), whose measured workspace the trace's simulation
   then counts;
 * ``resnet50-184-keepall``: the same, keeping everything (plain PyTorch's schedule);
@@ -70,7 +70,7 @@ CONFIGS = (
     Config("resnet50-184-5GB-normal", "resnet50", 184, (3, 224, 224), "5GB"),
     Config("resnet50-184-keepall", "resnet50", 184, (3, 224, 224), None),
     # the GPU table's mode (operator implementations, in-place ReLU and add): its schedules went
-    # 2-14 % over their budgets on the H100 where the normal-mode one held (2026-11-27)
+    # 2-14 % over their budgets on the H100 where the normal-mode one held
     Config("resnet50-184-5GB-full", "resnet50", 184, (3, 224, 224), "5GB", mode="inplace_conv_multiway_newnode"),
     Config("gpt2-small-8-50pct-normal", "gpt2-small", 8, (1024,), "50%"),
 )

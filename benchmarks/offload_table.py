@@ -1,4 +1,4 @@
-"""Issue 19's table: offload to host memory beside recompute-only schedules, predicted (no device).
+"""Offload to host memory beside recompute-only schedules, predicted (no device).
 
     python benchmarks/offload_table.py [--models gpt2-small,resnet50] [--bandwidths pcie5,nvlink-c2c]
                                        [--budgets 50,33] [--time-limit 30]

@@ -1,4 +1,4 @@
-"""Issue 16's table: the reach suite's real models (tests/reach_models.py) against the peers, on CPU.
+"""The reach suite's real models (tests/reach_models.py) against the peers, on CPU.
 
     python benchmarks/reach_table.py [--models a,b] [--time-limit 20] [--csv benchmarks/results/reach.csv]
 

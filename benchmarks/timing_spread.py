@@ -6,10 +6,9 @@ uncalibrated, 8 s), then times that one schedule ``--times`` times in a row, eac
 ways: the solve-time calibration's (`monet.profiling.calibration.measure_schedule`: the schedule
 ``M`` against the executor keeping everything ``K`` and plain PyTorch ``P``, paired per turn) and
 the table's (`monet.profiling.measure.step_overhead` against a separate plain copy: the median of each
-turn's ratio, and beside it the ratio of the two medians taken apart, as the table read it before
-2026-11-26).  ``--shared``
+turn's ratio, and beside it the ratio of the two medians taken apart), as a table read it before.  ``--shared``
 times the executors on plain PyTorch's own parameters instead of copies (`dispatch.own_copy`
-replaced by the identity), as the calibration did before 2026-11-26.  Prints one row per timing.
+replaced by the identity), as the calibration once did.  Prints one row per timing.
 
     python benchmarks/timing_spread.py torchvision/resnet18 --times 4
     python benchmarks/timing_spread.py torchvision/resnet18 --times 4 --shared

@@ -9,7 +9,7 @@ node, `monet.profiling.profiler.profile_costs`: bytes allocated beyond the node'
 runs) and the bound the analytic source charges (`monet.profiling.workspace.workspace_bound` for
 this thread count).  One row per op family: nodes, the largest measured workspace, the largest
 bound, and the largest measured / bound ratio, which must stay at or under 1 for the analytic
-source's schedules to hold their budget (issue 18).  Progress goes to stderr.
+source's schedules to hold their budget.  Progress goes to stderr.
 """
 from __future__ import annotations
 

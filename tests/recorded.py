@@ -4,7 +4,7 @@ assertions depend on the measured numbers: the same inputs on every machine.
 The workspace the CPU profiler measures (`monet.profiling.profiler.profile_costs`) depends on the
 machine (its oneDNN kernels, its thread count), and so do a smallest budget, whether a fraction of
 the plain peak is feasible, or which implementation fits: a test that asserts those on the running
-machine's measurement passes on one machine and fails on another (issue 36).  Such a test reads
+machine's measurement passes on one machine and fails on another.  Such a test reads
 the table recorded here instead.  A test that holds the measured peak to a prediction made with
 the measured workspace (the same machine on both sides) keeps measuring.
 

@@ -1,4 +1,4 @@
-"""The solver benchmark's best-known table (`benchmarks/bench_solver.py`, issue 18's target): a row
+"""The solver benchmark's best-known table (`benchmarks/bench_solver.py`): a row
 meets the target within 1 % of the best schedule known, and ``--record-best`` keeps the lowest."""
 from __future__ import annotations
 

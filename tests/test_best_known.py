@@ -1,5 +1,5 @@
-"""The table of the best schedules known (`monet.solver.best_known`) and the zoo's gap to it
-(issue 18): which rows fit a budget, what ``record_best_known`` keeps, the zoo's fields and its
+"""The table of the best schedules known (`monet.solver.best_known`) and the zoo's gap to it:
+which rows fit a budget, what ``record_best_known`` keeps, the zoo's fields and its
 "vs best known" column.  Nothing is captured or solved."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The analytic cost source keeps its budget where the schedule runs (issue 18).
+"""The analytic cost source keeps its budget where the schedule runs.
 
 `monet.profiling.workspace.workspace_bound` charges every operator an upper bound on its
 workspace; this checks (a) that the bound covers the workspace the profiler measures on this

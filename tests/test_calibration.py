@@ -1,4 +1,4 @@
-"""Calibration of a solved schedule on the CPU (`monet.profiling.calibration`, issue 18: a predicted
+"""Calibration of a solved schedule on the CPU (`monet.profiling.calibration`: a predicted
 overhead that holds): the ratio's arithmetic, its independence of the machine's speed on the day,
 the recompute seconds of a schedule, the solve again with scaled costs (normal and full mode, the
 variants' measured costs reused), and that `Plan.solve` calibrates only where it should."""

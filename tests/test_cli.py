@@ -268,7 +268,7 @@ def test_mismatched_model(solved, workdir, capsys):
 
 def test_profile_writes_table(model_arg, workdir, capsys):
     """The table goes into the cache `monet solve --cost profile` reads, and with -o a copy to the
-    file (issue 42: -o alone wrote a file solve could not read)."""
+    file (-o alone wrote a file solve could not read)."""
     out = workdir / "tiny.csv"
     cache = workdir / "profile-cache"
     assert main(["profile", model_arg, "-b", "2", "--input-shape", "3,16,16", "--repeats", "1",
@@ -340,7 +340,7 @@ def test_demo_refuses_bad_options_before_any_slow_step(argv, message, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the zoo's schedules are checked there")
 def test_check_of_a_gpu_schedule_asks_for_the_cpu_explicitly(capsys):
     """`monet check zoo:resnet50-184-6GB --run-bs` without a GPU would train ResNet-50 at batch 184
-    (a 15 GiB plain peak) on the CPU: it says so and asks for --device cpu (issue 42)."""
+    (a 15 GiB plain peak) on the CPU: it says so and asks for --device cpu."""
     assert main(["check", "zoo:resnet50-184-6GB", "--run-bs"]) == 2
     err = capsys.readouterr().err
     assert "--device cpu" in err and "batch 184" in err and "GiB" in err and "Traceback" not in err
@@ -355,7 +355,7 @@ def _documented_commands():
 
 
 def test_every_documented_command_names_options_its_parser_has():
-    """Issue 42: each ``monet`` command the docs show names a command and options that exist
+    """each ``monet`` command the docs show names a command and options that exist
     (checked against the parser, so a renamed flag fails here, not in a reader's shell)."""
     import shlex
 

@@ -1,8 +1,8 @@
-"""The cost sources of `monet.profiling.sources` (issue 18, "predicted overhead that holds").
+"""The cost sources of `monet.profiling.sources` ("predicted overhead that holds").
 
 On the CPU the default source (``hybrid``) takes operator times from the quick profile's warm
 medians, not from the roofline, which does not rank CPU kernels (EfficientNet-B0, batch 16, 50 %,
-full mode: +14.8 % predicted against +63.2 % measured with roofline times, BENCHMARKS.md 2026-11-25).  These tests hold:
+full mode: +14.8 % predicted against +63.2 % measured with roofline times).  These tests hold:
 
 * which sources measure times where (`measures_times`);
 * that the CPU ``hybrid`` table is the quick profile (measured seconds, measured workspace) plus the

@@ -1,7 +1,7 @@
 """Eager PyTorch's BatchNorm kernel on CUDA: the captured graph lowered to cuDNN's BatchNorm
 (`monet.impls.lower_for_device`).
 
-On an H100 (torch 2.11, 2026-11-27) ResNet-50's gradients through AOTAutograd's graph, monet's
+On an H100 (torch 2.11) ResNet-50's gradients through AOTAutograd's graph, monet's
 executor or torch.compile's aot_eager alike, came out 2 % off eager PyTorch's under full fp32 and
 were bitwise equal to them with cuDNN off in both (benchmarks/results/gpu/visit-2026-11-27b):
 eager runs cuDNN's BatchNorm, the graph ATen's native one.  On the CPU the lowering's structure

@@ -1,4 +1,4 @@
-"""The time between operators (`monet.profiling.dispatch`, issue 18: a predicted overhead that holds).
+"""The time between operators (`monet.profiling.dispatch`: a predicted overhead that holds).
 
 Per-operator times miss what MONeT's executor spends between operators (about 1 ms per iteration
 on the CPU), and every recomputed operator pays its share again.  These tests hold the arithmetic,
@@ -127,8 +127,8 @@ def test_cpu_hybrid_costs_predict_the_measured_iterations(tmp_path):
     measured iteration, whichever way the measured times fall (time added between operators where
     the iteration is longer than their sum, every time scaled down where it is shorter), and the
     overhead's reference is plain PyTorch's measured iteration.  Only identities between the
-    measured numbers are asserted, so that a loaded machine passes as an idle one does (issue 42:
-    the else branch asserted the operators' sum, which a scale below 1 does not keep)."""
+    measured numbers are asserted, so that a loaded machine passes as an idle one does (the
+    else branch asserted the operators' sum, which a scale below 1 does not keep)."""
     model = bn_net()
     x = torch.randn(2, 3, 8, 8)
     graph = capture(model, x)

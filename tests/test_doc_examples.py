@@ -1,4 +1,4 @@
-"""Every Python block of README.md and docs/*.md runs as written (issue 42: none of the README's
+"""Every Python block of README.md and docs/*.md runs as written (none of the README's
 did).  The blocks of one file run in order, each in a fresh Python process, in one working
 directory per file (a later block may load the file an earlier one saved), with ``HOME`` in a
 temporary folder (monet's cost cache starts empty, as on a new machine).  A block whose first line

@@ -229,7 +229,7 @@ def test_quiet_call_prints_nothing_at_all(tmp_path):
 
 
 def test_the_api_and_its_errors_are_monets():
-    """``import monet`` shows its API (issue 42): the calls, the wrappers and every error type."""
+    """``import monet`` shows its API: the calls, the wrappers and every error type."""
     import monet
 
     for name in ("optimize", "prepare", "MONeTWrapper", "WithLoss", "BucketedWrapper", "InfeasibleBudgetError",

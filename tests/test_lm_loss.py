@@ -1,5 +1,5 @@
-"""The language-model head and its cross-entropy as one op over chunks of tokens (issue 41,
-`monet.lm_loss`): PyTorch's loss and gradients (bitwise in one chunk, within 1e-6 in several,
+"""The language-model head and its cross-entropy as one op over chunks of tokens
+(`monet.lm_loss`): PyTorch's loss and gradients (bitwise in one chunk, within 1e-6 in several,
 ignore_index and a bias included), the rewrite of a transformers model's graph, and a GPT-2
 trained with it: its logits gone from the plain peak, its gradients PyTorch's within 1e-6, its
 measured peak under the budget, and its solution loaded back on the model alone."""

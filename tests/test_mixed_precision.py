@@ -426,7 +426,7 @@ def test_cuda_autocast_schedule(dtype):
     costs = costs_for(graph, analytic_costs(graph, DeviceSpec.named("h100")))
     # 70 % of the activations: the cuBLAS workspaces (64 MiB on an H100 against this model's few
     # hundred KiB) are held through the step whatever the schedule, so 70 % of the whole peak is
-    # infeasible (the H100 run of 2026-11-27: smallest feasible 64.30 MiB, budget 45.15 MiB)
+    # infeasible (on an H100: smallest feasible 64.30 MiB, budget 45.15 MiB)
     held = memory_terms(graph).library_bytes
     budget = held + int(0.7 * (eager_peak(graph, costs) - held))
     sol = solve(graph, costs, budget, "normal", time_limit=20, info=dict(INFO, device="cuda"))

@@ -1,4 +1,4 @@
-"""Offload to host memory as the ILP's third choice (issue 19; `solver.offload`, `monet.offload`).
+"""Offload to host memory as the ILP's third choice (`solver.offload`, `monet.offload`).
 
 A tiny chain of Linear + Tanh layers at a wide batch, so that activations dominate the peak; the
 analytic cost model; on CPU the executor's host store is a numpy copy that the allocator-level peak
@@ -209,7 +209,7 @@ def test_cuda_offload_schedule():
     """The real CUDA path (side stream, pinned host memory, events): an offloading schedule's measured
     peak fits its budget, its gradients equal the keep-everything schedule's bitwise (same kernels;
     the values round-trip unchanged) and plain PyTorch's within 1e-5.  On an H100 with torch 2.11
-    (2026-11-27) it measured 72,038,400 bytes against a 3,328,768-byte budget, 65.5 MiB over: most
+    it measured 72,038,400 bytes against a 3,328,768-byte budget, 65.5 MiB over: most
     likely cuBLAS's (and cuBLASLt's) workspaces, tens of MiB on sm90, allocated by the first matmul
     and kept, which the memory model does not count yet (docs/design.md, "Known limitations"; not confirmed on a
     GPU); the reference model no longer sits on the device while it measures."""

@@ -72,7 +72,7 @@ def test_one_call_trains_as_pytorch_and_saves(batch, tmp_path):
 
 def test_a_loss_solution_loads_back_on_the_model_alone(plan, batch, tmp_path):
     """A solution solved with ``loss_fn=`` records the loss by name; ``MONeTWrapper(model, file)``
-    puts the model in ``WithLoss`` with it again (issue 42: it raised a graph mismatch); a loss
+    puts the model in ``WithLoss`` with it again (it raised a graph mismatch); a loss
     that cannot be imported by name (a lambda) is refused with what to pass instead."""
     x, y = batch
     sol = plan.solve("90%", time_limit=5)
@@ -98,7 +98,7 @@ def test_a_loss_solution_loads_back_on_the_model_alone(plan, batch, tmp_path):
 def test_a_percentage_with_an_optimizer_is_of_plain_pytorch_with_its_state(plan):
     """"50%" with ``optimizer="adam"`` is half of what plain PyTorch holds with Adam's state (its
     simulated peak plus the state), the state then taken out; ``budget="min"`` with an optimizer
-    gives the smallest schedule (issue 42: it was refused, and a percentage of the peak without
+    gives the smallest schedule (it was refused, and a percentage of the peak without
     the state could leave less than the state itself)."""
     state = optimizer_state_bytes(plan.graph.param_bytes, "adam")
     sol = plan.solve("95%", optimizer="adam", time_limit=5)

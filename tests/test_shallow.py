@@ -1,4 +1,4 @@
-"""A deep stack costed on a shallow copy (monet.profiling.shallow, issue 40): the copy, the carried
+"""A deep stack costed on a shallow copy (monet.profiling.shallow): the copy, the carried
 cost table and the carried iteration record.  Nothing here asserts a measured time: the tables
 carried are analytic ones (the same on every machine), and the measured paths are checked for
 their structure only."""

@@ -1,4 +1,4 @@
-"""The solver peers (issue 18): one signature ``solve_x(graph, costs, budget, *, deadline)``, each
+"""The solver peers: one signature ``solve_x(graph, costs, budget, *, deadline)``, each
 schedule's simulated peak within the budget, the ILP at least as fast as the heuristics, the
 full-mode portfolio at least as fast as every peer, and its policy table validated."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A deep stack of identical layers exported from a copy with a few of them (monet.stack, issue 40):
+"""A deep stack of identical layers exported from a copy with a few of them (monet.stack):
 the graph written from the copy is the graph Dynamo exports from the deep model (same joint graph,
 fingerprint and primals), it computes what the model computes, and whatever does not repeat is
 refused and exported whole."""
