@@ -13,6 +13,7 @@ those decisions (docs/design.md, "Note [Compiled schedule]").
 """
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from monet import compat
@@ -21,7 +22,14 @@ from monet.graph import OpGraph
 from monet.solution import Schedule
 
 #: Inductor's options for the schedule's modules (docs/design.md, "Note [Compiled schedule]")
-COMPILE_OPTIONS: dict = {"reorder_for_peak_memory": False, "realize_reads_threshold": 0, "layout_optimization": False}
+COMPILE_OPTIONS: dict = {"reorder_for_peak_memory": False, "realize_reads_threshold": 0}
+
+#: the dtypes a CPU convolution library (oneDNN) takes channels-last; any other (float64) runs
+#: ATen's im2col convolution, which copies a channels-last operand back to eager's layout
+CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: the convolution ops of a joint graph
+CONVOLUTIONS = ("aten.convolution.default", "aten.convolution_backward.default")
 
 #: the executor's marks on its modules' nodes that the decomposition keeps: the node each comes
 #: from (``monet``) and the stage of the backward it is computed in (``monet_stage``)
@@ -40,19 +48,36 @@ def executor_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule
     return build_modules(graph, functional, buffers_in_place=False)
 
 
-def compilers():
+def channels_last(graph: OpGraph) -> bool:
+    """Whether the compiled step runs ``graph``'s convolutions channels-last (Inductor's
+    ``layout_optimization``): on CUDA, and on the CPU where every convolution's input is in a
+    dtype of `CHANNELS_LAST_DTYPES`; False for a graph without convolutions, or without its joint
+    graph (docs/design.md, "Note [Compiled schedule]")."""
+    if graph.joint is None:
+        return False
+    convs = [n for n in graph.joint.graph.nodes if str(n.target) in CONVOLUTIONS]
+    if not convs:
+        return False
+    return graph.device == "cuda" or all(getattr(n.args[0].meta.get("val"), "dtype", None) in CHANNELS_LAST_DTYPES
+                                         for n in convs)
+
+
+def compilers(forward_outputs: int, layout: bool):
     """(forward compiler, backward compiler) for AOTAutograd (the wrapper's trace,
     `monet.wrapper.ScheduledModule`): each compiles the module it is given (`decomposed`) with
     Inductor under `COMPILE_OPTIONS`, `same_stage` and `near_stages`, and returns the compiled
-    callable (boxed calling convention).  Every output of the forward module keeps the strides eager
-    PyTorch gives it, the saved values' too: the backward module is compiled for those strides
-    (Inductor's own forward may otherwise lay a convolution's output out channels-last)."""
+    callable (boxed calling convention).  ``forward_outputs``: how many of the forward module's
+    outputs come before the saved values (the graph's ``num_fwd_outputs``: the model's outputs and
+    its updated buffers), which keep the strides eager PyTorch gives them.  The saved values take
+    the layout Inductor picks (channels-last for a convolution's), and the backward is compiled for
+    those strides where the first call runs under `monet.compat.forward_strides_to_backward`
+    (docs/design.md, "Note [Compiled schedule]").  ``layout``: Inductor's layout optimization on
+    (`channels_last`) or off."""
     def compile_module(gm, example_inputs, backward: bool):
         module = decomposed(gm, example_inputs)
-        outputs = len(next(iter(module.graph.find_nodes(op="output"))).args[0])
-        with compat.inductor_config(**COMPILE_OPTIONS), \
+        with compat.inductor_config(**COMPILE_OPTIONS, layout_optimization=layout), \
                 compat.inductor_fusion_rule(same_stage, near_stages, "monet.compiled.same_stage+near_stages"):
-            return compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=outputs)
+            return compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=forward_outputs)
 
     return (lambda gm, inputs: compile_module(gm, inputs, False)), (lambda gm, inputs: compile_module(gm, inputs, True))
 
@@ -94,4 +119,4 @@ def _stages(origins) -> set:
     return {n.meta.get("monet_stage") for n in origins} - {None}
 
 
-__all__ = ["COMPILE_OPTIONS", "TAGS", "compilers", "decomposed", "executor_modules", "near_stages", "same_stage"]
+__all__ = ["CHANNELS_LAST_DTYPES", "COMPILE_OPTIONS", "CONVOLUTIONS", "TAGS", "channels_last", "compilers", "decomposed", "executor_modules", "near_stages", "same_stage"]

@@ -1,6 +1,7 @@
 """`MONeTWrapper`: train a model with a solved schedule, as a drop-in ``nn.Module``."""
 from __future__ import annotations
 
+import contextlib
 import re
 from types import MappingProxyType
 
@@ -9,7 +10,7 @@ import torch.nn as nn
 
 from monet.executor import RUNTIME, build_modules
 from monet.capture import opgraph_of
-from monet.compiled import compilers, executor_modules
+from monet.compiled import channels_last, compilers, executor_modules
 from monet.frontend import (ShardedModelError, fsdp_refusal, primal_sources, rebind, trace, tracing, training_inputs,
                             cache_owner)
 from monet.graph import portable_summary
@@ -95,7 +96,8 @@ class ScheduledModule(nn.Module):
         if traced is not None:
             return traced(*inputs.args, **inputs.kwargs)
         traced = self._trace(inputs, autocast, key)
-        with tracing():  # the first call traces
+        strides = compat.forward_strides_to_backward() if self._compiled else contextlib.nullcontext()
+        with tracing(), strides:  # the first call traces (and compiles)
             out = traced(*inputs.args, **inputs.kwargs)
         if len(self._traces) >= MAX_TRACES:  # e.g. an epoch's last, smaller batch: kept, the next epoch needs it
             self._traces.pop(next(iter(self._traces)))
@@ -135,7 +137,8 @@ class ScheduledModule(nn.Module):
         if compiled:
             def compile_module(which):
                 def compile_it(m, example_inputs):
-                    fw_compile, bw_compile = compilers()
+                    graph = holder["graph"]
+                    fw_compile, bw_compile = compilers(graph.num_fwd_outputs, channels_last(graph))
                     code = (fw_compile if which == "fw" else bw_compile)(m, example_inputs)
                     holder[f"{which}_code"] = code
                     return code

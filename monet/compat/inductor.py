@@ -86,6 +86,22 @@ def inductor_compile(gm: fx.GraphModule, example_inputs, backward: bool, user_ou
         return compile_fx_inner(gm, example_inputs, is_backward=backward)
 
 
+@contextlib.contextmanager
+def forward_strides_to_backward():
+    """A context in which AOTAutograd compiles the backward for the strides the compiled forward
+    gave its saved values (Inductor's layout optimization lays a convolution's output out
+    channels-last).  AOTAutograd reads those strides from a ``torch._guards.TracingContext``,
+    which Dynamo provides under ``torch.compile`` and nothing does for ``aot_module``: here one
+    with a fake mode of its own, which AOTAutograd then traces with
+    (``TracingContext.report_output_strides`` in ``_aot_stage2b_fw_compile``, the placeholders
+    restrided in ``_aot_stage2b_bw_compile``; the same in 2.11-2.15)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with tracing(TracingContext(FakeTensorMode())):
+        yield
+
+
 def inductor_config(**patches):
     """``torch._inductor.config.patch(**patches)``: a context with Inductor's options set (names as
     in ``torch/_inductor/config.py``, e.g. ``reorder_for_peak_memory``)."""
@@ -149,4 +165,4 @@ def inductor_source(compiled) -> str:
     return getattr(compiled, "source_code", None) or ""
 
 
-__all__ = ["inductor_decompositions", "inductor_decomposed", "inductor_graph_passes", "inductor_fallback", "inductor_compile", "inductor_config", "inductor_fusion_rule", "inductor_source"]
+__all__ = ["inductor_decompositions", "inductor_decomposed", "inductor_graph_passes", "inductor_fallback", "inductor_compile", "forward_strides_to_backward", "inductor_config", "inductor_fusion_rule", "inductor_source"]
