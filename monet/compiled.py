@@ -68,8 +68,9 @@ def compilers(forward_outputs: int, layout: bool):
     Inductor under `COMPILE_OPTIONS`, `same_stage` and `near_stages`, and returns the compiled
     callable (boxed calling convention).  ``forward_outputs``: how many of the forward module's
     outputs come before the saved values (the graph's ``num_fwd_outputs``: the model's outputs and
-    its updated buffers), which keep the strides eager PyTorch gives them.  The saved values take
-    the layout Inductor picks (channels-last for a convolution's), and the backward is compiled for
+    its updated buffers), which keep the strides eager PyTorch gives them, as do the saved inputs
+    (`eager_strided`).  The other saved values take the layout Inductor picks (channels-last for
+    a convolution's), and the backward is compiled for
     those strides where the first call runs under `monet.compat.forward_strides_to_backward`
     (docs/design.md, "Note [Compiled schedule]").  ``layout``: Inductor's layout optimization on
     (`channels_last`) or off."""
@@ -77,9 +78,20 @@ def compilers(forward_outputs: int, layout: bool):
         module = decomposed(gm, example_inputs)
         with compat.inductor_config(**COMPILE_OPTIONS, layout_optimization=layout), \
                 compat.inductor_fusion_rule(same_stage, near_stages, "monet.compiled.same_stage+near_stages"):
-            return compat.inductor_compile(module, example_inputs, backward=backward, user_outputs=forward_outputs)
+            return compat.inductor_compile(module, example_inputs, backward=backward,
+                                           eager_outputs=() if backward else eager_strided(module, forward_outputs))
 
     return (lambda gm, inputs: compile_module(gm, inputs, False)), (lambda gm, inputs: compile_module(gm, inputs, True))
+
+
+def eager_strided(forward: fx.GraphModule, forward_outputs: int) -> list[int]:
+    """The positions of ``forward``'s outputs that keep eager PyTorch's strides when compiled: the
+    first ``forward_outputs`` (the model's outputs and updated buffers) and every saved value that
+    is one of the module's inputs (a parameter, the model's input), which is then returned as it
+    is; in another layout it would be a copy held until the backward reads it."""
+    outputs = next(iter(forward.graph.find_nodes(op="output"))).args[0]
+    return [k for k, v in enumerate(outputs)
+            if k < forward_outputs or (isinstance(v, fx.Node) and v.op == "placeholder")]
 
 
 def decomposed(gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
@@ -119,4 +131,4 @@ def _stages(origins) -> set:
     return {n.meta.get("monet_stage") for n in origins} - {None}
 
 
-__all__ = ["CHANNELS_LAST_DTYPES", "COMPILE_OPTIONS", "CONVOLUTIONS", "TAGS", "channels_last", "compilers", "decomposed", "executor_modules", "near_stages", "same_stage"]
+__all__ = ["CHANNELS_LAST_DTYPES", "COMPILE_OPTIONS", "CONVOLUTIONS", "TAGS", "channels_last", "compilers", "decomposed", "eager_strided", "executor_modules", "near_stages", "same_stage"]

@@ -66,20 +66,21 @@ def inductor_fallback(target) -> bool:
                                             and target not in inductor_decompositions())
 
 
-def inductor_compile(gm: fx.GraphModule, example_inputs, backward: bool, user_outputs: int = 0):
+def inductor_compile(gm: fx.GraphModule, example_inputs, backward: bool, eager_outputs=()):
     """``gm`` compiled by Inductor (``torch._inductor.compile_fx.compile_fx_inner``, the inner
     compiler of ``torch.compile``'s forward and backward): a callable with AOTAutograd's boxed
-    calling convention.  ``user_outputs``: the forward's first outputs whose strides must be eager
-    PyTorch's (the meta ``user_visible_output_idxs`` that ``compile_fx_forward`` sets; the saved
-    values after them may take any layout).  Signature ``(gm, example_inputs, **kwargs)`` with
+    calling convention.  ``eager_outputs``: the positions of the forward's outputs whose strides
+    must be eager PyTorch's (the meta ``user_visible_output_idxs`` that ``compile_fx_forward``
+    sets; the others may take any layout).  Signature ``(gm, example_inputs, **kwargs)`` with
     ``is_backward`` in 2.11-2.15."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.virtualized import V
 
     if not backward:
         out = next(iter(gm.graph.find_nodes(op="output")))
-        out.meta["user_visible_output_idxs"] = [k for k, v in enumerate(out.args[0][:user_outputs])
-                                                if isinstance(v, fx.Node)]
+        outputs = out.args[0]
+        out.meta["user_visible_output_idxs"] = [k for k in sorted(set(eager_outputs))
+                                                if isinstance(outputs[k], fx.Node)]
     fake = detect_fake_mode(example_inputs) or detect_fake_mode(
         [p.meta.get("val") for p in gm.graph.find_nodes(op="placeholder")])
     with V.set_fake_mode(fake):
