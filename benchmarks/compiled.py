@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from monet.profiling.raw_results import PROVENANCE, command_line, provenance
+from monet.profiling.raw_results import append_rows, command_line, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -45,6 +44,8 @@ PEER_BUDGETS = (0.5, 0.3, 0.1)
 COLUMNS = ["model", "layers", "dtype", "device", "hidden", "seq", "batch", "vocab", "dropout", "method", "budget", "peak",
            "predicted_peak", "overhead", "predicted_overhead", "first_step_s", "startup_s", "solve_s", "grads",
            "loss_drift", "status", "error"]
+#: the columns that name a configuration: a run of the same one replaces its rows
+CONFIG_KEYS = ("model", "layers", "dtype", "device", "hidden", "seq", "batch", "vocab", "dropout")
 
 
 def build(cfg: dict):
@@ -240,25 +241,29 @@ def main(argv=None) -> int:
                                     batch=args.batch, vocab=args.vocab, dropout=args.dropout, repeats=args.repeats,
                                     time_limit=args.time_limit, device=args.device))
     prov = provenance(command_line("python benchmarks/compiled.py", argv))
-    fields = COLUMNS + list(PROVENANCE)
-    if not args.csv.exists():
-        with args.csv.open("w", newline="") as f:
-            csv.DictWriter(f, fieldnames=fields).writeheader()
     for cfg in configs:
         print(f"== {cfg['model']} {cfg['layers']} {cfg['dtype']}", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], stdout=subprocess.PIPE, text=True)
+        first = True
         for line in proc.stdout.splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
                 continue
             if isinstance(row, dict) and "method" in row:
-                with args.csv.open("a", newline="") as f:  # opened per row: the file may be replaced meanwhile
-                    csv.DictWriter(f, fieldnames=fields, extrasaction="ignore").writerow({**row, **prov})
+                # written as it comes; the configuration's first row replaces its earlier run
+                append_rows(args.csv, [{k: row.get(k, "") for k in COLUMNS}], prov,
+                            replaces=(lambda old, cfg=cfg: same_config(old, cfg)) if first else None)
+                first = False
                 print(line, file=sys.stderr)
         if proc.returncode:
             print(f"== the configuration's process exited {proc.returncode}", file=sys.stderr)
     return 0
+
+
+def same_config(row: dict, cfg: dict) -> bool:
+    """Whether a results row (strings, as read back) was measured on configuration ``cfg``."""
+    return all(str(row.get(k, "")) == str(cfg[k]) for k in CONFIG_KEYS)
 
 
 if __name__ == "__main__":
