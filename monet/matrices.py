@@ -79,7 +79,10 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray, offload
     node's values read by backward nodes and those read only by recomputations separately); a
     node is released after a stage when the next stage keeps none of its values (or after the last
     stage).  Only forward nodes that a backward node or a recomputation reads are kept at all; the
-    executor saves a kept value only if a stage reads it.
+    executor saves a kept value only if a stage reads it.  A compiled graph's schedule
+    (``graph.compiled``) overwrites nothing in place (`Schedule.inplace` False): Inductor compiles
+    the functional modules (`monet.compiled.executor_modules`), so the simulation counts every
+    output as the allocation it is there.
 
     Args:
         S, R: (T, N) 0/1 arrays (values within 1e-6 of 0 or 1 are rounded).
@@ -101,7 +104,7 @@ def schedule_from_matrices(graph: OpGraph, S: np.ndarray, R: np.ndarray, offload
         stages.append(Stage(backward=t, recompute=tuple(np.flatnonzero(R[t]).tolist()),
                             release=tuple(np.flatnonzero(kept & ~nxt).tolist())))
         kept = kept & nxt
-    return Schedule(saved=saved, stages=stages, offload=tuple(offload))
+    return Schedule(saved=saved, stages=stages, inplace=not graph.compiled, offload=tuple(offload))
 
 
 def matrices_from_schedule(graph: OpGraph, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
