@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from monet.buckets import optimize_buckets
+from monet.held import hold_budget
 from monet.inputs import ExampleInputs
 from monet.lm_loss import chunked_loss_hint
 from monet.options import Options
@@ -28,6 +29,10 @@ from monet.with_loss import WithLoss, loss_from_name, loss_name  # noqa: F401 (m
 #: where a solved schedule is timed (`Plan.calibrates`), the share of ``time_limit`` the solver
 #: gets; the timing (and in full mode a second solve) gets the rest
 CALIBRATED_SOLVE_SHARE = 0.5
+
+#: seconds a compiled schedule measured over its budget is solved again in at least, whatever is
+#: left of the call's ``time_limit`` (`monet.held.hold_budget`)
+RESOLVE_MIN_S = 5.0
 
 #: `optimize` returns within about this many times its ``time_limit`` in all: where the capture
 #: and the costs leave less than ``time_limit`` of it (a 96-layer GPT-2 captured in 59 s and costed
@@ -191,6 +196,7 @@ class Plan:
     capture_s: float = 0.0  # seconds the capture took: what each trace of a timed executor costs, about
     bar: Progress | None = field(default=None, repr=False)  # the progress of the call under way
     key: tuple = field(default=(), repr=False)  # what the plan is for (`_plan_key`)
+    measured: tuple | None = field(default=None, repr=False)  # (solution, its wrapper): the last compiled step measured
 
     def _log(self, message: str) -> None:
         if self.bar is not None:
@@ -235,7 +241,7 @@ class Plan:
         it is not timed and the solver gets the whole limit (said in the log).  ``progress``: the
         bar of the call under way (None: one of its own, if the plan shows progress)."""
         own = progress is None
-        bar = Progress(self.progress, phases=("solve", "calibration")) if own else progress
+        bar = Progress(self.progress, phases=("solve", "calibration", "measure")) if own else progress
         self.bar = bar
         try:
             return self._solve(budget, mode, time_limit, optimizer, solver, gap, if_infeasible, accumulate_grads,
@@ -281,6 +287,12 @@ class Plan:
                 sol = self._calibrated(sol, mode, kw, deadline)
         else:
             bar.skip("calibration")
+        if self.graph.compiled:
+            with bar.phase("measure"):
+                held = None if smallest or sol.meta.budget_bytes != budget_bytes else budget_bytes
+                sol = self._held(sol, held, mode, kw, deadline)
+        else:
+            bar.skip("measure")
         overhead = sol.meta.predicted_overhead()
         total = "" if not reserved else (f" ({fmt_size(sol.meta.predicted_peak_bytes + reserved)} with the "
                                          f"{fmt_size(reserved)} reserved: {sol.meta.predicted_peak_bytes + reserved} bytes)")
@@ -348,6 +360,27 @@ class Plan:
             return solve(self.graph, self.costs, None, mode, deadline=solving, knee_min=False,
                          **kw)  # the search kept: at once
 
+    def _held(self, sol, budget: int | None, mode: str, kw: dict, deadline):
+        """``sol`` held to ``budget`` bytes (None: the smallest budget) by measuring its compiled
+        step (`monet.held.hold_budget`): one training step on the plan's module, left as it was
+        (`monet.profiling.dispatch.restored`), solved again where over; the measured wrapper is
+        kept (`measured`), so `wrap` returns it compiled."""
+        from monet.profiling.dispatch import restored
+        from monet.profiling.measure import step_peak
+        from monet.solver.deadline import Deadline
+
+        def measure(s):
+            wrapper = self.wrap(s)
+            with restored(self.module):
+                peak = step_peak(wrapper, self.inputs, autocast=self.graph.autocast)
+            self.measured = (s, wrapper)
+            return peak
+
+        def resolve(b: int):
+            return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), RESOLVE_MIN_S)), "raise", kw)
+
+        return hold_budget(sol, budget, measure, resolve, self._log)
+
     def _calibrated(self, sol, mode: str, kw: dict, deadline):
         from monet.profiling.calibration import calibrated_solve
         from monet.profiling.dispatch import keep_all
@@ -369,6 +402,8 @@ class Plan:
         ``WithLoss(model, loss_fn)``) with ``solution``."""
         from monet.wrapper import MONeTWrapper
 
+        if model is None and self.measured is not None and self.measured[0] is solution:
+            return self.measured[1]  # compiled and measured by `solve`
         wrapper = MONeTWrapper(self.module if model is None else model, solution)
         if model is None or model is self.module:
             wrapper.offer_export(self.graph)  # the first training call traces the capture's export

@@ -191,6 +191,9 @@ class SolutionMeta:
         compiled: solved for the step compiled by Inductor (``monet.optimize(..., compile=True)``,
             `monet.compiled`): its costs are those of fused kernels and a recomputed random op
             reads its saved outputs; `MONeTWrapper` compiles it.  False for files written before it.
+        measured_peak_bytes: the compiled step's peak, bytes, measured at the allocator where it
+            was solved (`monet.held.hold_budget`), at or under ``budget_bytes``; None where it was
+            not measured (the eager step, whose simulation is its measured peak).
     """
     model: str
     batch_size: int
@@ -221,6 +224,7 @@ class SolutionMeta:
     offload_bandwidth: float | None = None  # likewise
     loss: str | None = None  # likewise
     compiled: bool = False  # likewise
+    measured_peak_bytes: int | None = None  # likewise
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -234,6 +238,8 @@ class SolutionMeta:
             setattr(self, name, float(getattr(self, name)))
         for name in ("bound_s", "gap", "eager_time_s", "offload_bandwidth"):
             setattr(self, name, _opt_float(getattr(self, name)))
+        if self.measured_peak_bytes is not None:
+            self.measured_peak_bytes = int(self.measured_peak_bytes)
         for name in ("mode", "device", "cost_source", "status", "solver", "torch_version",
                      "monet_version", "fingerprint", "created"):
             setattr(self, name, str(getattr(self, name)))
