@@ -52,7 +52,9 @@ class InfeasibleBudgetError(ValueError):
                       f"--budget {min_budget} or --min-budget")
             msg = (f"no schedule fits a budget of {budget} bytes ({fmt_size(budget)}) in mode {mode}; "
                    f"the {word} is {min_budget} bytes ({fmt_size(min_budget)}): use {how}")
-        if lower_bytes is not None and budget < lower_bytes:
+        # the LP bound is of the ILP's memory, which bounds the simulated peak from above: where a
+        # schedule the simulator fits is below it, the bound says nothing the budget named does not
+        if lower_bytes is not None and budget < lower_bytes and (min_budget is None or min_budget >= lower_bytes):
             msg += (f" (infeasible: in the ILP's memory model no schedule fits below {int(lower_bytes)} bytes, "
                     f"{fmt_size(lower_bytes)}, by its LP relaxation)")
         super().__init__(msg)

@@ -247,3 +247,14 @@ def test_byte_figures_tell_two_budgets_apart():
 
     message = str(InfeasibleBudgetError(3_970_000, 4_710_000, "normal"))
     assert "3.79 MiB" in message and "4.49 MiB" in message and "GiB" not in message
+
+
+def test_an_infeasible_budget_names_the_lp_bound_only_where_it_does_not_contradict_the_smallest():
+    """The LP bound is of the ILP's memory, above the simulated peak: where the smallest budget
+    found is below it, saying that nothing fits below the bound would contradict it."""
+    from monet.solver.ilp import InfeasibleBudgetError
+
+    below = str(InfeasibleBudgetError(1_000_000, 1_911_768, "normal", lower_bytes=1_947_672))
+    assert "1911768" in below and "LP relaxation" not in below
+    above = str(InfeasibleBudgetError(1_000_000, 2_000_000, "normal", lower_bytes=1_947_672))
+    assert "no schedule fits below 1947672 bytes" in above
