@@ -48,9 +48,8 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
         S, R = without_dead_recomputations(graph, S, R)
         objective_s -= float(np.asarray(costs.fwd_recompute, dtype=float) @ (removed & ~R).sum(axis=0))
     schedule, sim = simulated_schedule(graph, costs, S, R, offload)
-    peak = predicted_peak(graph, costs, S, R, sim.peak_bytes)
-    if check and peak > budget:  # cannot happen: the ILP's memory bounds the simulator's
-        raise RuntimeError(f"internal error: the schedule's predicted peak {peak} bytes exceeds the "
+    if check and sim.peak_bytes > budget:  # cannot happen: the ILP's memory bounds the simulator's
+        raise RuntimeError(f"internal error: the schedule's simulated peak {sim.peak_bytes} bytes exceeds the "
                            f"budget {budget}; please report this with the model")
     eager = eager_peak(graph, costs) if eager is None else eager
     eager_time = costs.plain_time if eager_time is None else eager_time
@@ -61,7 +60,7 @@ def finish_solution(graph: OpGraph, costs: CostArrays, S, R, *, budget: int, mod
                         input_shape=info.input_shape if info.input_shape is not None else shape[1:],
                         dtype=info.dtype if info.dtype is not None else graph.input_dtype,
                         budget_bytes=budget, mode=mode, device=info.device,
-                        cost_source="+".join(costs.source), predicted_peak_bytes=peak, eager_peak_bytes=eager,
+                        cost_source="+".join(costs.source), predicted_peak_bytes=sim.peak_bytes, eager_peak_bytes=eager,
                         objective_s=objective_s, bound_s=bound_s, gap=gap, solve_time_s=solve_time_s,
                         status=status, solver=solver, torch_version=torch.__version__,
                         monet_version=monet.__version__, fingerprint=graph.fingerprint,
@@ -92,37 +91,8 @@ def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
         t0 = time.perf_counter()
         schedule = schedule_from_matrices(graph, S, R)
         schedule.inplace = False
-        known[key] = predicted_peak(graph, costs, S, R, schedule_peak(graph, costs, schedule).peak_bytes)
+        known[key] = schedule_peak(graph, costs, schedule).peak_bytes
         graph.__dict__["_simulation_s"] = time.perf_counter() - t0
-    return known[key]
-
-
-def predicted_peak(graph: OpGraph, costs, S, R, simulated: int) -> int:
-    """The peak (bytes) a solution of (S (T, N), R (T, N)) predicts and is held to: the simulator's,
-    ``simulated`` (`monet.simulate`: the eager step's measured peak), or for a compiled graph
-    (``graph.compiled``) the larger of it and the ILP's memory of the schedule
-    (`compiled_memory_bound`), docs/design.md "Note [Compiled memory]"."""
-    if not graph.compiled:
-        return int(simulated)
-    return max(int(simulated), compiled_memory_bound(_kept_memory_model(graph, costs), S, R))
-
-
-def compiled_memory_bound(mem: MemoryModel, S, R) -> int:
-    """The ILP's memory (`MemoryModel.peak`, bytes) of the node-level schedule (S (T, N), R (T, N))
-    with the values the executor holds (`MemoryModel.kept_groups`): the bound a compiled step is
-    held to, where Inductor's kernels hold values that the node-by-node simulation frees
-    (docs/design.md, "Note [Compiled memory]")."""
-    R = np.asarray(R, dtype=bool)
-    return int(np.ceil(mem.peak(mem.kept_groups(S, R), R)))
-
-
-def _kept_memory_model(graph: OpGraph, costs) -> MemoryModel:
-    """`memory_model` of ``graph`` with the workspace of ``costs``, kept on the graph (one entry)."""
-    key = _workspace_key(costs)
-    known = graph.__dict__.setdefault("_memory_models", {})
-    if key not in known:
-        known.clear()
-        known[key] = memory_model(graph, costs)
     return known[key]
 
 
@@ -176,13 +146,8 @@ def simulated_peak_fn(graph: OpGraph, costs, mem):
 
     ``peak_of`` builds the schedule with the implementations M chooses (None: PyTorch's), with the
     groups O offloaded to host memory (None: `MemoryModel.offloaded`, the allowed groups the
-    schedule keeps through their windows), and returns its `schedule_peak`.  On a compiled graph
-    (``graph.compiled``) it returns `compiled_memory_bound`, the bound its step is held to
-    (`predicted_peak`), so that no solver takes a schedule the simulator alone fits.
+    schedule keeps through their windows), and returns its `schedule_peak`.
     """
-    if graph.compiled:
-        return lambda S_groups, R, M=None, O=None: compiled_memory_bound(mem, mem.group_to_node(S_groups), R)
-
     def peak_of(S_groups, R, M=None, O=None):
         g, c = graph, costs
         if M is not None and mem.n_options:

@@ -201,29 +201,6 @@ class MemoryModel:
             out[:, i] |= S_groups[:, g]
         return out
 
-    def kept_groups(self, S_nodes: np.ndarray, R: np.ndarray) -> np.ndarray:
-        """(T, G) bool: the groups the executor holds at the start of each stage for the node-level
-        schedule S_nodes (T, N) (a node kept at the start of stage t), R (T, N): of a kept node,
-        the values that stage t, or a later stage before the node is recomputed again, reads from
-        the held copy (a backward node's read, or a recomputation's of another node), as the
-        executor saves and holds them (`monet.executor.emit_backward`); a value nothing reads
-        from it is not held."""
-        S_nodes, R = np.asarray(S_nodes) > 0.5, np.asarray(R) > 0.5
-        T, G = S_nodes.shape[0], len(self.group_node)
-        reads = self.bwd_read_group[:T].copy()
-        if self.read_edges is not None and len(self.read_edges):
-            g, k = self.read_edges[:, 0], self.read_edges[:, 1]
-            for t in range(T):
-                hit = R[t, k]
-                reads[t, g[hit]] = True
-        rec = R[:, self.group_node]  # (T, G): the group's node is recomputed in stage t
-        demand = np.zeros((T, G), dtype=bool)
-        later = np.zeros(G, dtype=bool)
-        for t in range(T - 1, -1, -1):
-            later = (reads[t] & ~rec[t]) | (later & ~(rec[t + 1] if t + 1 < T else False))
-            demand[t] = later
-        return S_nodes[:, self.group_node] & demand
-
     def default_options(self) -> np.ndarray:
         """(O,) one-hot M choosing PyTorch's implementation everywhere."""
         M = np.zeros(self.n_options)
