@@ -55,12 +55,15 @@ class Options:
             may then offload kept activations to host memory besides keeping or recomputing them
             (`monet.solver.offload`; mode ``"normal"`` only).  None (default, and on CPU): no
             offload.  `monet.profiling.bandwidth.measure_host_bandwidth` measures it on a GPU.
-        lm_loss: for a language model trained with labels: None (default) computes its head and
-            loss as the model does; ``"chunked"`` (or a number of token rows per chunk) replaces
-            them by one op over chunks of tokens, so that the (B, T, V) logits and their
-            gradient never exist (`monet.lm_loss`; Liger Kernel's chunk size by default); the
-            model then returns no logits in training; ``"auto"``: both are solved and the faster
-            schedule under the budget is kept.
+        lm_loss: for a language model trained with labels: ``"auto"`` (default) weighs the two
+            below where the logits and their gradient are at least
+            `monet.lm_choice.WEIGH_FRACTION` of plain PyTorch's peak, each solved in a share of
+            ``time_limit``, and keeps the faster schedule under the budget (the log says which;
+            elsewhere, and for any other model, it is None); None computes the head and the loss
+            as the model does; ``"chunked"`` (or a number of token rows per chunk) replaces them
+            by one op over chunks of tokens, so that the (B, T, V) logits and their gradient never
+            exist (`monet.lm_loss`; Liger Kernel's chunk size by default): the model then returns
+            no logits in training.
         buckets: sequence lengths (e.g. ``[128, 256, 512]``) for batches whose length changes
             from step to step (a collator padding to each batch's longest): one schedule per
             bucket, solved at that length for one budget in bytes (a percentage is of the longest
@@ -96,7 +99,7 @@ class Options:
     offload_bandwidth: float | None = None
     calibrate: bool = True
     buckets: Any = None
-    lm_loss: Any = None
+    lm_loss: Any = "auto"
     compile: bool = False
 
     @classmethod

@@ -19,6 +19,7 @@ import torch.nn as nn
 from monet.buckets import optimize_buckets
 from monet.held import hold_budget
 from monet.inputs import ExampleInputs
+from monet.lm_choice import choose_lm_loss, worth_chunking
 from monet.lm_loss import chunked_loss_hint
 from monet.options import Options
 from monet.progress import Progress
@@ -145,15 +146,14 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
         return optimize_buckets(model, example_inputs, opts.buckets, budget, optimize=optimize, prepare=prepare,
                                 loss_fn=loss_fn, target=target, time_limit=time_limit,
                                 options=dataclasses.replace(opts, buckets=None))
-    if opts.lm_loss == "auto":
-        return _optimize_lm_loss(model, example_inputs, budget, loss_fn=loss_fn, target=target,
-                                 time_limit=time_limit, options=opts)
+    auto = opts.lm_loss == "auto"
+    own = dataclasses.replace(opts, lm_loss=None) if auto else opts
     with warnings.catch_warnings(), Progress(opts.progress) as bar:
         if not opts.progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
             warnings.simplefilter("ignore", MonetWarning)
         start = time.perf_counter()
         plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, progress=bar, reuse=True,
-                       **opts.capture_and_costs())
+                       **own.capture_and_costs())
         elapsed = time.perf_counter() - start
         limit = solve_limit(time_limit, elapsed)
         if limit < time_limit:
@@ -161,7 +161,13 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
                       f"of its {time_limit:g} s, so that the call returns within about {CALL_LIMIT_FACTOR:g} x "
                       "time_limit")
         try:
-            sol = plan.solve(budget, time_limit=limit, progress=bar, **opts.solving())
+            if auto and worth_chunking(plan):
+                chunked = dataclasses.replace(own, lm_loss="chunked").capture_and_costs()
+                plan, sol = choose_lm_loss(plan, budget, limit, lambda: prepare(
+                    model, example_inputs, loss_fn=loss_fn, target=target, progress=bar, **chunked),
+                    dict(progress=bar, **own.solving()), bar.log)
+            else:
+                sol = plan.solve(budget, time_limit=limit, progress=bar, **own.solving())
         except InfeasibleBudgetError:
             _KEPT[:] = [(weakref.ref(model), plan.key, plan)]  # for the call the error recommends
             raise
@@ -434,31 +440,6 @@ def loss_outside_note(graph, eager_peak_bytes: int, remedy: str = LOSS_OUTSIDE_R
             f"outputs' bytes) are not in the budget; {remedy}")
 
 
-def _optimize_lm_loss(model: nn.Module, example_inputs, budget, *, options: Options, **kw):
-    """`optimize` with ``lm_loss="auto"``: the model solved as it computes its loss and with the
-    chunked loss (`monet.lm_loss`), each in the whole ``time_limit``, and the wrapper of the
-    faster schedule that fits returned (the log says which); the ILP so weighs keeping the logits
-    against computing them over chunks.  An infeasible budget on one side leaves the other."""
-    from monet.solver.ilp import InfeasibleBudgetError
-
-    found, errors = [], []
-    for choice in (None, "chunked"):
-        try:
-            w = optimize(model, example_inputs, budget, options=dataclasses.replace(options, lm_loss=choice), **kw)
-        except InfeasibleBudgetError as e:
-            errors.append(e)
-            continue
-        found.append((w.solution.meta.objective_s / (w.solution.meta.eager_time_s or 1.0), choice, w))
-    if not found:
-        raise min(errors, key=lambda e: e.min_budget_bytes or float("inf"))
-    _, choice, wrapper = min(found, key=lambda f: f[0])
-    if options.progress:
-        what = "chunked loss" if choice else "model's own loss"
-        each = ", ".join(f"{'chunked' if c else 'own'}: {100 * (r - 1):+.1f} %" for r, c, _ in found)
-        _log(f'lm_loss="auto": the {what} gives the faster schedule ({each})')
-    return wrapper
-
-
 #: the plan of the last `optimize` call that found its budget infeasible, with its model (weakly)
 #: and the key it was made for (`_plan_key`); the next `optimize` call takes or drops it
 _KEPT: list = []
@@ -529,6 +510,9 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
     from monet.solver.solve import eager_peak
     from monet.stack import forget_copy
 
+    if lm_loss == "auto":
+        raise ValueError('lm_loss="auto" is monet.optimize\'s choice between two captures: prepare takes None, '
+                         '"chunked" or a number of token rows per chunk')
     own = not isinstance(progress, Progress)
     bar = Progress(bool(progress), phases=("capture", "costs")) if own else progress
     module, inputs = _training_module(model, example_inputs, loss_fn, target)

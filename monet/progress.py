@@ -1,7 +1,7 @@
 """Progress of `monet.optimize`: one tqdm bar over its phases, the solver's lines above it.
 
-The phases are capture, costs, solve and calibration (the last only where schedules are timed:
-`monet.profiling.calibration`); the bar's postfix keeps each finished phase's elapsed seconds, so
+The phases are capture, costs, solve, calibration (only where schedules are timed:
+`monet.profiling.calibration`) and measure (the compiled step's peak: `monet.held`); the bar's postfix keeps each finished phase's elapsed seconds, so
 the last line left on stderr says where the call spent its time.  Messages (the solver's
 incumbents, the calibration's readings, warnings in words) are written above the bar with
 ``tqdm.write``.  Disabled, it prints nothing at all.
@@ -12,7 +12,7 @@ import contextlib
 import sys
 import time
 
-PHASES = ("capture", "costs", "solve", "calibration")
+PHASES = ("capture", "costs", "solve", "calibration", "measure")
 
 
 class Progress:
@@ -44,10 +44,13 @@ class Progress:
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        """Run a block as phase ``name``: the bar shows it running, then its elapsed seconds."""
+        """Run a block as phase ``name``: the bar shows it running, then its elapsed seconds (a
+        phase run again, as `monet.lm_choice` captures a second graph, adds its seconds and is
+        counted once)."""
         if self._bar is not None:
             self._bar.set_description(f"monet {name}", refresh=False)
             self._bar.set_postfix_str(self._summary(running=name))
+        first = name not in self.elapsed
         t0 = time.perf_counter()
         try:
             yield
@@ -55,7 +58,7 @@ class Progress:
             self.elapsed[name] = self.elapsed.get(name, 0.0) + time.perf_counter() - t0
             if self._bar is not None:
                 self._bar.set_postfix_str(self._summary(), refresh=False)
-                if name in self.phases:
+                if name in self.phases and first:
                     self._bar.update(1)
 
     def skip(self, name: str) -> None:

@@ -132,7 +132,7 @@ def test_a_gpt2_trains_with_the_chunked_loss_in_less_memory(gpt2, tmp_path):
 
     model, batch = gpt2
     kw = dict(cost="analytic", time_limit=5, progress=False)
-    plain = monet.optimize(copy.deepcopy(model), batch, budget="min", **kw)
+    plain = monet.optimize(copy.deepcopy(model), batch, budget="min", lm_loss=None, **kw)
     chunked = monet.optimize(copy.deepcopy(model), batch, budget="min", lm_loss="chunked", **kw)
     meta = chunked.solution.meta
     assert fused(meta.graph_summary) == default_chunk(4 * 64, 2048, 32) < 4 * 64
@@ -180,3 +180,65 @@ def test_an_infeasible_budget_names_the_chunked_loss(gpt2):
     assert "lm_loss" not in str(far.value)
     with pytest.raises(monet.InfeasibleBudgetError, match='2.00 MiB of logits.*lm_loss="chunked"'):
         plan.solve(budget=far.value.min_budget_bytes - 2**20, time_limit=2)
+
+
+def test_by_default_a_budget_short_by_the_logits_is_met_with_the_chunked_loss(gpt2, capfd):
+    """``lm_loss="auto"`` (the default): plain PyTorch's peak less twice the logits' bytes is
+    infeasible computing the model's own loss and met with the chunked loss, whose measured peak
+    is under it and whose gradients are plain PyTorch's within 1e-5; the log says which loss was
+    kept and that the logits are gone."""
+    import monet
+    from monet.profiling.measure import step_peak
+
+    model, batch = gpt2
+    kw = dict(cost="analytic", time_limit=10)
+    plain = monet.prepare(copy.deepcopy(model), batch, cost="analytic", progress=False)
+    budget = plain.eager_peak_bytes - 2 * (4 * 64 * 2048 * 4)
+    with pytest.raises(monet.InfeasibleBudgetError):
+        monet.optimize(copy.deepcopy(model), batch, budget=budget, lm_loss=None, progress=False, **kw)
+    wrapper = monet.optimize(copy.deepcopy(model), batch, budget=budget, **kw)
+    assert fused(wrapper.solution.meta.graph_summary), "the chunked loss was not kept"
+    assert "the chunked loss gives the faster schedule" in capfd.readouterr().err
+    reference = copy.deepcopy(model)
+    torch.manual_seed(5)
+    out = wrapper(**batch)
+    out.loss.backward()
+    torch.manual_seed(5)
+    reference(**batch).loss.backward()
+    theirs = dict(reference.named_parameters())
+    for name, p in wrapper.model.named_parameters():
+        assert (p.grad - theirs[name].grad).norm() <= 1e-5 * theirs[name].grad.norm() + 1e-12, name
+    assert step_peak(wrapper, batch) <= budget
+
+
+def test_by_default_an_infeasible_budget_names_the_smallest_of_both_losses(gpt2):
+    import monet
+
+    model, batch = gpt2
+    with pytest.raises(monet.InfeasibleBudgetError) as e:
+        monet.optimize(copy.deepcopy(model), batch, budget=4096, cost="analytic", time_limit=6, progress=False)
+    message = str(e.value)
+    assert "computing the model's own loss" in message and "computing the chunked loss" in message
+    assert e.value.min_budget_bytes is not None and str(e.value.min_budget_bytes) in message
+
+
+def test_auto_is_the_models_own_loss_where_the_logits_are_small():
+    """A language model whose logits are a small part of its peak is captured once, as it computes
+    its loss (`monet.lm_choice.worth_chunking` is 0)."""
+    reason = missing("transformers")
+    if reason:
+        pytest.skip(reason)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import monet
+    from monet.lm_choice import worth_chunking
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).train()
+    ids = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
+    batch = dict(input_ids=ids, labels=ids, use_cache=False)
+    plan = monet.prepare(copy.deepcopy(model), batch, cost="analytic", progress=False)
+    assert worth_chunking(plan) == 0
+    wrapper = monet.optimize(copy.deepcopy(model), batch, budget="70%", cost="analytic", time_limit=5, progress=False)
+    assert not fused(wrapper.solution.meta.graph_summary)
