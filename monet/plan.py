@@ -293,7 +293,11 @@ class Plan:
                 sol = self._calibrated(sol, mode, kw, deadline)
         else:
             bar.skip("calibration")
-        if self.graph.compiled:
+        if self.graph.compiled and self.inputs.first.device.type == "meta":
+            self._log("the compiled step is not measured: the model is on the meta device (its budget is the "
+                      "simulation's)")
+            bar.skip("measure")
+        elif self.graph.compiled:
             with bar.phase("measure"):
                 held = None if smallest or sol.meta.budget_bytes != budget_bytes else budget_bytes
                 sol = self._held(sol, held, mode, kw, deadline)
@@ -302,8 +306,11 @@ class Plan:
         overhead = sol.meta.predicted_overhead()
         total = "" if not reserved else (f" ({fmt_size(sol.meta.predicted_peak_bytes + reserved)} with the "
                                          f"{fmt_size(reserved)} reserved: {sol.meta.predicted_peak_bytes + reserved} bytes)")
+        measured = "" if sol.meta.measured_peak_bytes is None else \
+            f" (measured compiled: {fmt_size(sol.meta.measured_peak_bytes)})"
         self._log(f"solved in {time.perf_counter() - t0:.1f} s: {sol.meta.status}, predicted peak "
-                  f"{fmt_size(sol.meta.predicted_peak_bytes)}{total}, {sol.schedule.recompute_count()} recomputations"
+                  f"{fmt_size(sol.meta.predicted_peak_bytes)}{measured}{total}, {sol.schedule.recompute_count()} "
+                  "recomputations"
                   + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
         return sol
 
