@@ -32,8 +32,9 @@ CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CONVOLUTIONS = ("aten.convolution.default", "aten.convolution_backward.default")
 
 #: the executor's marks on its modules' nodes that the decomposition keeps: the node each comes
-#: from (``monet``) and the stage of the backward it is computed in (``monet_stage``)
-TAGS = ("monet", "monet_stage")
+#: from (``monet``), the stage of the backward it is computed in (``monet_stage``) and its segment
+#: (``monet_segment``, `monet.executor.emit_backward`)
+TAGS = ("monet", "monet_stage", "monet_segment")
 
 
 def executor_modules(graph: OpGraph, schedule: Schedule) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -62,7 +63,7 @@ def channels_last(graph: OpGraph) -> bool:
                                          for n in convs)
 
 
-def compilers(forward_outputs: int, layout: bool):
+def compilers(forward_outputs: int, layout: bool, pinned: bool = False):
     """(forward compiler, backward compiler) for AOTAutograd (the wrapper's trace,
     `monet.wrapper.ScheduledModule`): each compiles the module it is given (`decomposed`) with
     Inductor under `COMPILE_OPTIONS`, `same_stage` and `near_stages`, and returns the compiled
@@ -73,11 +74,18 @@ def compilers(forward_outputs: int, layout: bool):
     a convolution's), and the backward is compiled for
     those strides where the first call runs under `monet.compat.forward_strides_to_backward`
     (docs/design.md, "Note [Compiled schedule]").  ``layout``: Inductor's layout optimization on
-    (`channels_last`) or off."""
+    (`channels_last`) or off.  ``pinned``: the backward is pinned to the schedule's segments
+    (`realize_across_segments`, `one_segment`), as a solution measured over its budget unpinned
+    asks (docs/design.md, "Note [Compiled memory]")."""
+    vertical, key = ((one_segment, "monet.compiled.same_stage+one_segment") if pinned else
+                     (near_stages, "monet.compiled.same_stage+near_stages"))
+
     def compile_module(gm, example_inputs, backward: bool):
         module = decomposed(gm, example_inputs)
+        if backward and pinned:
+            realize_across_segments(module)
         with compat.inductor_config(**COMPILE_OPTIONS, layout_optimization=layout), \
-                compat.inductor_fusion_rule(same_stage, near_stages, "monet.compiled.same_stage+near_stages"):
+                compat.inductor_fusion_rule(same_stage, vertical, key):
             return compat.inductor_compile(module, example_inputs, backward=backward,
                                            eager_outputs=() if backward else eager_strided(module, forward_outputs))
 
@@ -127,8 +135,38 @@ def near_stages(producer, consumer) -> bool:
     return not stages or max(stages) - min(stages) <= 1
 
 
+def one_segment(producer, consumer) -> bool:
+    """`near_stages`, and the nodes of both kernels in one segment of the backward (a stage that
+    recomputes is a segment of its own, a run of stages that recompute nothing is one:
+    ``meta["monet_segment"]``, `monet.executor.emit_backward`): a pinned step fuses no kernel
+    across a stage that recomputes, which would hold that stage's recomputed values, or the
+    values it reads, beside the next stage's (docs/design.md, "Note [Compiled memory]")."""
+    return near_stages(producer, consumer) and len(_tags(producer, "monet_segment")
+                                                   | _tags(consumer, "monet_segment")) <= 1
+
+
+def realize_across_segments(gm: fx.GraphModule) -> list[str]:
+    """Make Inductor write to a buffer of its own, where the node is, every value of the backward
+    module ``gm`` that another segment reads (`monet.compat.inductor_realize`; segments as in
+    `one_segment`).  Inductor otherwise computes a single-reader elementwise value inside its
+    reader's kernel whatever the stages between, so that a chain of backward nodes becomes one
+    kernel after a later stage's recomputation, and the earlier stages' recomputed values live
+    until it (docs/design.md, "Note [Compiled memory]").  Returns the names of the nodes marked."""
+    marked = []
+    for n in gm.graph.nodes:
+        seg = n.meta.get("monet_segment") if n.op == "call_function" else None
+        if seg is not None and any(u.meta.get("monet_segment", seg) != seg for u in n.users):
+            compat.inductor_realize(n)
+            marked.append(n.name)
+    return marked
+
+
 def _stages(origins) -> set:
-    return {n.meta.get("monet_stage") for n in origins} - {None}
+    return _tags(origins, "monet_stage")
 
 
-__all__ = ["CHANNELS_LAST_DTYPES", "COMPILE_OPTIONS", "CONVOLUTIONS", "TAGS", "channels_last", "compilers", "decomposed", "eager_strided", "executor_modules", "near_stages", "same_stage"]
+def _tags(origins, key: str) -> set:
+    return {n.meta.get(key) for n in origins} - {None}
+
+
+__all__ = ["CHANNELS_LAST_DTYPES", "COMPILE_OPTIONS", "CONVOLUTIONS", "TAGS", "channels_last", "compilers", "decomposed", "eager_strided", "executor_modules", "near_stages", "one_segment", "realize_across_segments", "same_stage"]

@@ -85,6 +85,9 @@ class _BackwardEmitter:
         self.saved: list[str] = []
         self.permanent: dict[str, fx.Node] = {}
         self.stage, self.reader = -1, ""  # the stage being emitted and the node reading, for errors
+        # the segment being emitted (`monet_segment`): a stage that recomputes is a segment of its
+        # own, and a run of stages that recompute nothing is one segment
+        self.segment, self.segment_stage, self.segment_recomputes = 0, None, False
         self.steps = schedule.steps()
         # forward values kept from the forward pass become placeholders when first read
         self.kept_from_forward = {s.node for s in self.steps if s.kind == KEEP and s.stage == FORWARD}
@@ -221,6 +224,8 @@ class _BackwardEmitter:
             self.kept_from_forward.discard(i)
             return
         env: dict[str, fx.Node] = {}
+        if self.segment_stage != self.stage:  # the stage's first recomputation
+            self.segment, self.segment_stage, self.segment_recomputes = self.segment + 1, self.stage, True
 
         def arg(a: fx.Node) -> fx.Node:
             return env[a.name] if a.name in env else self.lookup(a)
@@ -231,7 +236,7 @@ class _BackwardEmitter:
             else:
                 copy = self.body.node_copy(self.nodes[name], arg)
             copy.meta["monet"] = ("fwd", i) if name == fnode.name else ("alias", i)
-            copy.meta["monet_stage"] = self.stage
+            copy.meta["monet_stage"], copy.meta["monet_segment"] = self.stage, self.segment
             env[name] = copy
         self.available[i] = env
         self.kept_from_forward.discard(i)
@@ -240,10 +245,12 @@ class _BackwardEmitter:
         """Backward node ``t`` (its values readable by every later stage)."""
         bnode = self.graph.bwd[t]
         self.reader = f"backward node {bnode.id} ({bnode.op})"
+        if self.segment_stage != self.stage and self.segment_recomputes:  # the first stage after a recomputing one
+            self.segment, self.segment_recomputes = self.segment + 1, False
         for name in bnode.fx_names:
             copy = self.body.node_copy(self.nodes[name], self.lookup)
             copy.meta["monet"] = ("bwd", bnode.id) if name == bnode.name else ("alias", bnode.id)
-            copy.meta["monet_stage"] = self.stage
+            copy.meta["monet_stage"], copy.meta["monet_segment"] = self.stage, self.segment
             self.permanent[name] = copy
 
     def free(self, i: int) -> None:
@@ -282,8 +289,11 @@ def emit_backward(graph: OpGraph, schedule: Schedule) -> tuple[fx.Graph, list[st
         value whose traced value is a Python constant (`is_constant`: an int, None ...) is not
         saved: ``body`` reads the constant.  Each node copied for a recomputation or a backward
         node carries ``meta["monet"]`` (``("fwd", i)``, ``("bwd", id)``, ``("alias", ...)`` for
-        its views and getitems) and ``meta["monet_stage"]``, the stage it runs in (what
-        `monet.compiled.same_stage` reads).
+        its views and getitems), ``meta["monet_stage"]``, the stage it runs in, and
+        ``meta["monet_segment"]``, its segment: a stage that recomputes a node is a segment of
+        its own, and a run of stages that recompute nothing is one.  The compiled step's fusion
+        rules read them (`monet.compiled.same_stage`, `monet.compiled.near_stages`, and where it
+        is pinned `monet.compiled.one_segment` and `monet.compiled.realize_across_segments`).
 
     Raises:
         ScheduleError: a stage reads a value the schedule neither keeps nor recomputes.

@@ -2,26 +2,28 @@
 
 Inductor fuses the schedule's modules into kernels whose buffers no node-by-node count follows
 exactly: a fused kernel holds the inputs of its first op until its last, and an elementwise chain
-inlined across stages holds a recomputed value past its stage.  The memory model bounds most
-schedules (`monet.solver.finish.predicted_peak`), but not all.  So `hold_budget` measures the
-compiled step once (which compiles it: the first training step then runs at once) and, where its
-peak is over the budget, solves again at a budget lowered by the excess.
+inlined across stages holds a recomputed value past its stage.  So `hold_budget` measures the
+compiled step once (which compiles it: the first training step then runs at once); where its
+peak is over the budget it measures the same schedule pinned to its stages
+(`monet.compiled.compilers`' ``pinned``), and where that is over too, solves again at a budget
+lowered by the excess.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from monet.solution import Solution
-from monet.terms import fmt_size
 from monet.solver.ilp import InfeasibleBudgetError
+from monet.terms import fmt_size
 
-#: how many schedules `hold_budget` measures at most: the excess of the first is most of the
-#: next one's, so a second solve almost always fits
+#: how many schedules `hold_budget` solves at most: the excess of the first is most of the next
+#: one's, so a second solve almost always fits
 TRIES = 3
 
 
 def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution], int],
-                resolve: Callable[[int], Solution], log: Callable[[str], None], tries: int = TRIES) -> Solution:
+                resolve: Callable[[int], Solution], pin: Callable[[Solution], Solution],
+                log: Callable[[str], None], tries: int = TRIES) -> Solution:
     """The solution whose measured peak is at or under ``budget`` bytes, starting from ``sol``.
 
     Args:
@@ -31,8 +33,9 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
         measure: the peak in bytes of one training step of a solution (compiled and run).
         resolve: the schedule at a budget in bytes (raises `InfeasibleBudgetError` below the
             smallest).
+        pin: the same solution compiled pinned to its stages (``meta.compile_pinned``).
         log: where each measurement and new solve is said.
-        tries: schedules measured at most.
+        tries: schedules solved at most.
 
     Returns:
         A solution with ``meta.measured_peak_bytes`` set, at or under ``meta.budget_bytes``, which
@@ -41,12 +44,19 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
     Raises:
         InfeasibleBudgetError: no schedule measured under ``budget`` within ``tries``, or the
             lowered budget is below the smallest feasible one; ``min_budget_bytes`` is then the
-            last schedule's measured peak, a budget that schedule fits.
+            least measured peak, a budget that schedule fits.
     """
-    target = budget
+    target, tried, pinning = budget, False, False  # pinned measured yet; the schedules since pinned
     for attempt in range(tries):
-        peak = int(measure(sol))
-        sol.meta.measured_peak_bytes = peak
+        sol = pin(sol) if pinning and not sol.meta.compile_pinned else sol
+        peak = _measured(sol, measure)
+        if peak > (sol.meta.budget_bytes if budget is None else budget) and not tried:
+            tried = True
+            tight = pin(sol)
+            tight_peak = _measured(tight, measure)
+            log(f"the compiled step measured {fmt_size(peak)}; pinned to its stages, {fmt_size(tight_peak)}")
+            if tight_peak < peak:
+                sol, peak, pinning = tight, tight_peak, True
         if budget is None:
             if peak > sol.meta.budget_bytes:
                 log(f"the compiled step measured {fmt_size(peak)}, over the smallest budget's prediction "
@@ -67,6 +77,11 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
         except InfeasibleBudgetError:
             raise InfeasibleBudgetError(budget, peak, sol.meta.mode, exact=False) from None
     raise InfeasibleBudgetError(budget, peak, sol.meta.mode, exact=False)
+
+
+def _measured(sol: Solution, measure: Callable[[Solution], int]) -> int:
+    sol.meta.measured_peak_bytes = peak = int(measure(sol))
+    return peak
 
 
 __all__ = ["TRIES", "hold_budget"]

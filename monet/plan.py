@@ -376,8 +376,8 @@ class Plan:
     def _held(self, sol, budget: int | None, mode: str, kw: dict, deadline):
         """``sol`` held to ``budget`` bytes (None: the smallest budget) by measuring its compiled
         step (`monet.held.hold_budget`): one training step on the plan's module, left as it was
-        (`monet.profiling.dispatch.restored`), solved again where over; the measured wrapper is
-        kept (`measured`), so `wrap` returns it compiled."""
+        (`monet.profiling.dispatch.restored`), pinned to its stages or solved again where over;
+        the last wrapper measured is kept (`measured`), so `wrap` returns it compiled."""
         from monet.profiling.dispatch import restored
         from monet.profiling.measure import step_peak
         from monet.solver.deadline import Deadline
@@ -392,7 +392,10 @@ class Plan:
         def resolve(b: int):
             return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), RESOLVE_MIN_S)), "raise", kw)
 
-        return hold_budget(sol, budget, measure, resolve, self._log)
+        def pin(s):
+            return dataclasses.replace(s, meta=dataclasses.replace(s.meta, compile_pinned=True))
+
+        return hold_budget(sol, budget, measure, resolve, pin, self._log)
 
     def _calibrated(self, sol, mode: str, kw: dict, deadline):
         from monet.profiling.calibration import calibrated_solve

@@ -194,6 +194,10 @@ class SolutionMeta:
         measured_peak_bytes: the compiled step's peak, bytes, measured at the allocator where it
             was solved (`monet.held.hold_budget`), at or under ``budget_bytes``; None where it was
             not measured (the eager step, whose simulation is its measured peak).
+        compile_pinned: the compiled step's backward is pinned to the schedule's stages that
+            recompute (`monet.compiled.compilers`' ``pinned``), as its measurement asked
+            (`monet.held.hold_budget`); `MONeTWrapper` compiles it so.  False for files written
+            before it.
     """
     model: str
     batch_size: int
@@ -225,6 +229,7 @@ class SolutionMeta:
     loss: str | None = None  # likewise
     compiled: bool = False  # likewise
     measured_peak_bytes: int | None = None  # likewise
+    compile_pinned: bool = False  # likewise
 
     def __post_init__(self):
         # Plain Python types only: a numpy scalar from the solver would otherwise end up in the pickle.
@@ -240,6 +245,7 @@ class SolutionMeta:
             setattr(self, name, _opt_float(getattr(self, name)))
         if self.measured_peak_bytes is not None:
             self.measured_peak_bytes = int(self.measured_peak_bytes)
+        self.compile_pinned = bool(self.compile_pinned)
         for name in ("mode", "device", "cost_source", "status", "solver", "torch_version",
                      "monet_version", "fingerprint", "created"):
             setattr(self, name, str(getattr(self, name)))

@@ -61,18 +61,21 @@ class ScheduledModule(nn.Module):
         compiled: compile the forward and backward modules with Inductor (`monet.compiled`);
             ``monet_compiled`` then also holds the compiled ``fw_code`` and ``bw_code`` (the
             backward's after the first backward pass).
+        pinned: compiled, the backward pinned to the schedule's stages that recompute
+            (`monet.compiled.compilers`).
 
     Raises:
         ValueError: both ``compiled`` and a ``runner``.
     """
 
     def __init__(self, model: nn.Module, make_schedule, check=None, autocast=None, runner=None,
-                 exported: dict | None = None, transform=None, compiled: bool = False):
+                 exported: dict | None = None, transform=None, compiled: bool = False, pinned: bool = False):
         super().__init__()
         if compiled and runner is not None:
             raise ValueError("a ScheduledModule runs its modules compiled or with a runner, not both")
         self.model = model
         self._compiled = bool(compiled)
+        self._pinned = bool(pinned)
         self._make_schedule = make_schedule
         self._check = check
         self._autocast = autocast
@@ -138,7 +141,7 @@ class ScheduledModule(nn.Module):
             def compile_module(which):
                 def compile_it(m, example_inputs):
                     graph = holder["graph"]
-                    fw_compile, bw_compile = compilers(graph.num_fwd_outputs, channels_last(graph))
+                    fw_compile, bw_compile = compilers(graph.num_fwd_outputs, channels_last(graph), self._pinned)
                     code = (fw_compile if which == "fw" else bw_compile)(m, example_inputs)
                     holder[f"{which}_code"] = code
                     return code
@@ -457,7 +460,8 @@ class MONeTWrapper(nn.Module):
             self.__dict__["_traced"] = ScheduledModule(self.model, lambda g: schedule, check=self._check_graph,
                                                        autocast=autocast, exported=self.__dict__["_exports"],
                                                        transform=_graph_rewrite(self.solution.meta),
-                                                       compiled=self.compiled)
+                                                       compiled=self.compiled,
+                                                       pinned=self.compiled and self.solution.meta.compile_pinned)
             self.__dict__["_exports"] = {}
         return self._traced.run(key, inputs, autocast)
 

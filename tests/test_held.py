@@ -23,18 +23,21 @@ from monet.solver.ilp import InfeasibleBudgetError
 MiB = 2 ** 20
 
 
-def _sol(name: str, budget: int):
-    return SimpleNamespace(name=name, meta=SimpleNamespace(budget_bytes=budget, mode="normal", measured_peak_bytes=None))
+def _sol(name: str, budget: int, pinned: bool = False):
+    return SimpleNamespace(name=name, meta=SimpleNamespace(budget_bytes=budget, mode="normal", measured_peak_bytes=None,
+                                                           compile_pinned=pinned))
 
 
 class Solver:
-    """Solutions named by the budget they were solved at; ``peaks``: the measured peak of each."""
+    """Solutions named by the budget they were solved at; ``peaks``: the measured peak of each
+    (``pinned``: of each pinned to its stages, default the same)."""
 
-    def __init__(self, peaks: dict[int, int], smallest: int = 0):
-        self.peaks, self.smallest, self.asked, self.logged = peaks, smallest, [], []
+    def __init__(self, peaks: dict[int, int], smallest: int = 0, pinned: dict[int, int] | None = None):
+        self.peaks, self.pinned, self.smallest = peaks, pinned or peaks, smallest
+        self.asked, self.logged = [], []
 
     def measure(self, sol) -> int:
-        return self.peaks[sol.meta.budget_bytes]
+        return (self.pinned if sol.meta.compile_pinned else self.peaks)[sol.meta.budget_bytes]
 
     def resolve(self, budget: int):
         self.asked.append(budget)
@@ -42,8 +45,11 @@ class Solver:
             raise InfeasibleBudgetError(budget, self.smallest, "normal")
         return _sol(f"at {budget}", budget)
 
+    def pin(self, sol):
+        return _sol(sol.name, sol.meta.budget_bytes, pinned=True)
+
     def hold(self, sol, budget):
-        return hold_budget(sol, budget, self.measure, self.resolve, self.logged.append)
+        return hold_budget(sol, budget, self.measure, self.resolve, self.pin, self.logged.append)
 
 
 def test_a_schedule_measured_under_its_budget_is_kept():
@@ -54,13 +60,27 @@ def test_a_schedule_measured_under_its_budget_is_kept():
     assert solver.asked == [] and solver.logged == []
 
 
+def test_a_schedule_measured_over_is_pinned_to_its_stages_where_that_fits():
+    solver = Solver({100 * MiB: 102 * MiB}, pinned={100 * MiB: 99 * MiB})
+    held = solver.hold(_sol("first", 100 * MiB), 100 * MiB)
+    assert held.name == "first" and held.meta.compile_pinned and held.meta.measured_peak_bytes == 99 * MiB
+    assert solver.asked == [] and "pinned to its stages, 99.00 MiB" in solver.logged[0]
+
+
 def test_a_schedule_measured_over_is_solved_again_below_by_the_excess():
     solver = Solver({100 * MiB: 103 * MiB, 97 * MiB: 99 * MiB})
     held = solver.hold(_sol("first", 100 * MiB), 100 * MiB)
     assert solver.asked == [97 * MiB]
     assert held.name == f"at {97 * MiB}" and held.meta.measured_peak_bytes == 99 * MiB
+    assert not held.meta.compile_pinned, "pinning did not lower the first one: the next is not pinned"
     assert held.meta.budget_bytes == 100 * MiB, "the solution states the budget it was asked for"
-    assert "3.00 MiB over" in solver.logged[0]
+    assert "3.00 MiB over" in solver.logged[-1]
+
+
+def test_where_pinning_lowers_the_peak_the_schedule_solved_again_is_pinned():
+    solver = Solver({100 * MiB: 104 * MiB, 98 * MiB: 101 * MiB}, pinned={100 * MiB: 102 * MiB, 98 * MiB: 99 * MiB})
+    held = solver.hold(_sol("first", 100 * MiB), 100 * MiB)
+    assert solver.asked == [98 * MiB] and held.meta.compile_pinned and held.meta.measured_peak_bytes == 99 * MiB
 
 
 def test_a_schedule_never_measured_under_is_refused_with_the_budget_it_fits():

@@ -103,6 +103,14 @@ def forward_strides_to_backward():
         yield
 
 
+def inductor_realize(node: fx.Node) -> None:
+    """Make Inductor write ``node``'s value to a buffer of its own where the node is, rather than
+    compute it inside the kernels of its readers (inline it): the node's
+    ``meta["inductor_realize_to_strides"]``, which ``GraphLowering.run_node`` reads (the same in
+    2.11-2.15; Inductor's own ``decompose_mem_bound_mm`` pass sets it)."""
+    node.meta["inductor_realize_to_strides"] = True
+
+
 def inductor_config(**patches):
     """``torch._inductor.config.patch(**patches)``: a context with Inductor's options set (names as
     in ``torch/_inductor/config.py``, e.g. ``reorder_for_peak_memory``)."""
@@ -166,4 +174,4 @@ def inductor_source(compiled) -> str:
     return getattr(compiled, "source_code", None) or ""
 
 
-__all__ = ["inductor_decompositions", "inductor_decomposed", "inductor_graph_passes", "inductor_fallback", "inductor_compile", "forward_strides_to_backward", "inductor_config", "inductor_fusion_rule", "inductor_source"]
+__all__ = ["inductor_decompositions", "inductor_decomposed", "inductor_graph_passes", "inductor_fallback", "inductor_compile", "inductor_realize", "forward_strides_to_backward", "inductor_config", "inductor_fusion_rule", "inductor_source"]
