@@ -31,9 +31,6 @@ from monet.with_loss import WithLoss, loss_from_name, loss_name  # noqa: F401 (m
 #: gets; the timing (and in full mode a second solve) gets the rest
 CALIBRATED_SOLVE_SHARE = 0.5
 
-#: seconds a compiled schedule measured over its budget is solved again in at least, whatever is
-#: left of the call's ``time_limit`` (`monet.held.hold_budget`)
-RESOLVE_MIN_S = 5.0
 
 #: `optimize` returns within about this many times its ``time_limit`` in all: where the capture
 #: and the costs leave less than ``time_limit`` of it (a 96-layer GPT-2 captured in 59 s and costed
@@ -108,7 +105,8 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
             solver gets `CALIBRATED_SOLVE_SHARE` of it and the timing the rest.  The call as a whole
             returns within about 2 x ``time_limit``: where the capture and the costs take more
             than ``time_limit`` (a model of many layers), the solve gets what is left of that
-            (`solve_limit`, said in the log).
+            (`solve_limit`, said in the log).  A compiled schedule measured over its budget is
+            solved again in another ``time_limit`` (`monet.held`).
         loss_fn: optional ``loss_fn(output, target)``: the loss is traced with the model and the
             returned wrapper returns it (call it as ``wrapper(*inputs, target=y)``).  Without it
             the wrapper returns the model's outputs (tensors, tuples, dicts, ``ModelOutput``; a
@@ -376,8 +374,9 @@ class Plan:
     def _held(self, sol, budget: int | None, mode: str, kw: dict, deadline):
         """``sol`` held to ``budget`` bytes (None: the smallest budget) by measuring its compiled
         step (`monet.held.hold_budget`): one training step on the plan's module, left as it was
-        (`monet.profiling.dispatch.restored`), pinned to its stages or solved again where over;
-        the last wrapper measured is kept (`measured`), so `wrap` returns it compiled."""
+        (`monet.profiling.dispatch.restored`), pinned to its stages or solved again where over,
+        each solve in the call's time limit again; the last wrapper measured is kept
+        (`measured`), so `wrap` returns it compiled."""
         from monet.profiling.dispatch import restored
         from monet.profiling.measure import step_peak
         from monet.solver.deadline import Deadline
@@ -389,8 +388,8 @@ class Plan:
             self.measured = (s, wrapper)
             return peak
 
-        def resolve(b: int):
-            return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), RESOLVE_MIN_S)), "raise", kw)
+        def resolve(b: int):  # in the call's time limit again: the first solve spent it
+            return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), deadline.limit_s)), "raise", kw)
 
         def pin(s):
             return dataclasses.replace(s, meta=dataclasses.replace(s.meta, compile_pinned=True))
