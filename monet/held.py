@@ -10,6 +10,7 @@ lowered by the excess.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from monet.solution import Solution
@@ -21,9 +22,14 @@ from monet.terms import fmt_size
 TRIES = 3
 
 
+def pinned(sol: Solution) -> Solution:
+    """``sol`` compiled pinned to its stages (``meta.compile_pinned``; the schedule is the same)."""
+    return dataclasses.replace(sol, meta=dataclasses.replace(sol.meta, compile_pinned=True))
+
+
 def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution], int],
-                resolve: Callable[[int], Solution], pin: Callable[[Solution], Solution],
-                log: Callable[[str], None], tries: int = TRIES) -> Solution:
+                resolve: Callable[[int], Solution], log: Callable[[str], None],
+                pin: Callable[[Solution], Solution] = pinned, tries: int = TRIES) -> Solution:
     """The solution whose measured peak is at or under ``budget`` bytes, starting from ``sol``.
 
     Args:
@@ -33,8 +39,8 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
         measure: the peak in bytes of one training step of a solution (compiled and run).
         resolve: the schedule at a budget in bytes (raises `InfeasibleBudgetError` below the
             smallest).
-        pin: the same solution compiled pinned to its stages (``meta.compile_pinned``).
         log: where each measurement and new solve is said.
+        pin: the same solution compiled pinned to its stages (default `pinned`).
         tries: schedules solved at most.
 
     Returns:
@@ -84,4 +90,4 @@ def _measured(sol: Solution, measure: Callable[[Solution], int]) -> int:
     return peak
 
 
-__all__ = ["TRIES", "hold_budget"]
+__all__ = ["TRIES", "hold_budget", "pinned"]

@@ -391,10 +391,7 @@ class Plan:
         def resolve(b: int):  # in the call's time limit again: the first solve spent it
             return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), deadline.limit_s)), "raise", kw)
 
-        def pin(s):
-            return dataclasses.replace(s, meta=dataclasses.replace(s.meta, compile_pinned=True))
-
-        return hold_budget(sol, budget, measure, resolve, pin, self._log)
+        return hold_budget(sol, budget, measure, resolve, self._log)
 
     def _calibrated(self, sol, mode: str, kw: dict, deadline):
         from monet.profiling.calibration import calibrated_solve

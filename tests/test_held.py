@@ -49,7 +49,7 @@ class Solver:
         return _sol(sol.name, sol.meta.budget_bytes, pinned=True)
 
     def hold(self, sol, budget):
-        return hold_budget(sol, budget, self.measure, self.resolve, self.pin, self.logged.append)
+        return hold_budget(sol, budget, self.measure, self.resolve, self.logged.append, pin=self.pin)
 
 
 def test_a_schedule_measured_under_its_budget_is_kept():

@@ -116,7 +116,9 @@ def _add_schedule_arguments(p) -> None:
                         "every token, attention included")
     p.add_argument("--compile", action="store_true",
                    help="solve for the step compiled by Inductor (monet.optimize(..., compile=True)): the "
-                        "compiled step's costs, --mode normal; the solution then runs compiled")
+                        "compiled step's costs, --mode normal; on the device it is for, the compiled step is "
+                        "measured (it compiles) and solved again where over the budget; the solution runs "
+                        "compiled")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="seconds for everything after the capture and the costing: the smallest-budget "
                         "search (--min-budget: half of it), the solve and the timing of the solved "
@@ -219,6 +221,11 @@ def run(args) -> int:
         kw = dict(solver=args.solver, info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
                   offload_bandwidth=bandwidth)
         sol = _solve_at(args, budget, model, x, graph, costs, kw, solving, deadline if calibrating else None, capture_s)
+        if args.compile and on == device:
+            sol = _measured(args, sol, None if args.min_budget else budget, model, x, graph, costs, kw)
+        elif args.compile:
+            log(f"note: the compiled step is not measured: {device} is not on this machine (its budget is the "
+                "simulation's; monet check measures it there)")
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
     save_solution(sol, output)
@@ -277,6 +284,30 @@ def _smallest_budget(args, graph, costs, eager: int, device: str, cost_fn, bandw
         if why:
             log(f"note: {why}")
     return budget
+
+
+def _measured(args, sol, budget: int | None, model, x, graph, costs, kw: dict):
+    """``sol`` held to ``budget`` bytes (None: the smallest budget) by measuring its compiled step on
+    this machine (`monet.held.hold_budget`, as `monet.plan.Plan.solve` does), each new solve in
+    ``--time-limit`` again."""
+    from monet.held import hold_budget
+    from monet.profiling.dispatch import restored
+    from monet.profiling.measure import step_peak
+    from monet.solver.deadline import Deadline
+    from monet.solver.solve import solve
+    from monet.wrapper import MONeTWrapper
+
+    def measure(s):
+        with restored(model):
+            return step_peak(MONeTWrapper(model, s, s.meta.input_shape), x, autocast=graph.autocast)
+
+    def resolve(b: int):
+        return solve(graph, costs, b, args.mode, deadline=Deadline(args.time_limit), **kw)
+
+    with timed_step("measuring the compiled step (it compiles)") as s:
+        sol = hold_budget(sol, budget, measure, resolve, log)
+        s["note"] = f"{fmt_size(sol.meta.measured_peak_bytes)} at the allocator"
+    return sol
 
 
 def _solve_at(args, budget: int, model, x, graph, costs, kw: dict, solving, calibration, capture_s: float):
