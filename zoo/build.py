@@ -35,7 +35,7 @@ from pathlib import Path
 from monet.solution import RunInfo
 from monet.solver import DEFAULT_GAP
 from monet.solver.best_known import BEST_KNOWN, SAME, best_fitting, budget_key, load_best_known, record_best_known
-from monet.zoo.index import (SCHEDULES, ZOO_DIR, GiB, load_index, save_index)
+from monet.zoo.index import SCHEDULES, ZOO_DIR, GiB, load_index, pct, save_index
 
 MODE = "inplace_conv_multiway_newnode"
 CNN_BUDGETS = ("10GB", "9GB", "8GB", "7GB", "6GB", "5GB")  # MONeT's budgets (GB = 2^30 bytes)
@@ -233,11 +233,6 @@ class _Ctx:
     existing: dict = field(default_factory=dict)
     skip_existing: bool = False
     best: dict = field(default_factory=dict)  # `load_best_known`'s table the entries are held against
-
-
-def pct(f) -> str:
-    """A fraction as a signed percentage with two decimals ("+1.25 %"); "-" for None."""
-    return "-" if f is None else f"{100 * f + 0.0:+.2f} %".replace("-0.00", "+0.00")
 
 
 def comparable(cfg: ZooConfig) -> bool:

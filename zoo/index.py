@@ -175,6 +175,14 @@ def resolve(ref: str, root: Path | str | None = None) -> Path:
     return path_of(ref[len(PREFIX):].strip(), root)
 
 
+def pct(f, signed: bool = True) -> str:
+    """A fraction as a percentage with two decimals, signed ("+1.25 %") or not ("1.25 %"); "-" for
+    None or NaN."""
+    if f is None or f != f:
+        return "-"
+    return (f"{100 * f + 0.0:+.2f} %" if signed else f"{100 * f + 0.0:.2f} %").replace("-0.00", "+0.00" if signed else "0.00")
+
+
 def vs_best_text(record: dict) -> str:
     """A record's gap to the best schedule known, for reading: ``"+0.42 %"``; ``"new best"`` when
     its objective beats every fitting best known (``vs_best`` < 0, beyond float noise:
@@ -211,11 +219,6 @@ def list_entries(root: Path | str | None = None, raw: bool = False):
     if frame.empty:
         return pd.DataFrame(columns=[title for _, title in TABLE])
 
-    def pct(v, signed=True):
-        if v is None or pd.isna(v):
-            return "-"
-        return (f"{100 * v:+.2f} %" if signed else f"{100 * v:.2f} %").replace("-0.00", "+0.00" if signed else "0.00")
-
     out = pd.DataFrame({
         "name": frame["name"], "model": frame["model"], "batch": frame["batch_size"],
         "budget": [b if b != "min" else f"min ({bb / GiB:.2f} GiB)" for b, bb in zip(frame["budget"], frame["budget_bytes"])],
@@ -230,4 +233,4 @@ def list_entries(root: Path | str | None = None, raw: bool = False):
 
 
 __all__ = ["ZOO_DIR", "PREFIX", "FIELDS", "LATER_FIELDS", "TABLE", "ZooEntryError", "index_path", "load_index",
-           "save_index", "entry", "path_of", "is_reference", "resolve", "list_entries", "vs_best_text"]
+           "save_index", "entry", "path_of", "is_reference", "resolve", "list_entries", "pct", "vs_best_text"]

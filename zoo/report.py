@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monet.zoo.build import pct
-from monet.zoo.index import GiB, vs_best_text
+from monet.zoo.index import GiB, pct, vs_best_text
 
 
 def _model_label(r: dict) -> str:

@@ -221,11 +221,8 @@ def run(args) -> int:
         kw = dict(solver=args.solver, info=info, device=device.split(":")[0], cost_fn=cost_fn, progress=log, gap=args.gap,
                   offload_bandwidth=bandwidth)
         sol = _solve_at(args, budget, model, x, graph, costs, kw, solving, deadline if calibrating else None, capture_s)
-        if args.compile and on == device:
-            sol = _measured(args, sol, None if args.min_budget else budget, model, x, graph, costs, kw)
-        elif args.compile:
-            log(f"note: the compiled step is not measured: {device} is not on this machine (its budget is the "
-                "simulation's; monet check measures it there)")
+        if args.compile:
+            sol = _measured(args, sol, None if args.min_budget else budget, model, x, graph, costs, kw, on == device)
     except RuntimeError as e:  # the solver found no schedule in time
         raise CLIError(str(e)) from None
     save_solution(sol, output)
@@ -286,16 +283,22 @@ def _smallest_budget(args, graph, costs, eager: int, device: str, cost_fn, bandw
     return budget
 
 
-def _measured(args, sol, budget: int | None, model, x, graph, costs, kw: dict):
+def _measured(args, sol, budget: int | None, model, x, graph, costs, kw: dict, here: bool):
     """``sol`` held to ``budget`` bytes (None: the smallest budget) by measuring its compiled step on
     this machine (`monet.held.hold_budget`, as `monet.plan.Plan.solve` does), each new solve in
-    ``--time-limit`` again."""
+    ``--time-limit`` again; ``sol`` as it is, said in the log, where the device it is for is not
+    ``here`` (on this machine)."""
     from monet.held import hold_budget
     from monet.profiling.dispatch import restored
     from monet.profiling.measure import step_peak
     from monet.solver.deadline import Deadline
     from monet.solver.solve import solve
     from monet.wrapper import MONeTWrapper
+
+    if not here:
+        log(f"note: the compiled step is not measured: {kw['device']} is not on this machine (its budget is "
+            "the simulation's; monet check measures it there)")
+        return sol
 
     def measure(s):
         with restored(model):
