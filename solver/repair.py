@@ -9,9 +9,9 @@ dependency constraints; it is returned only if its memory (the ILP's own express
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import time
+import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -29,34 +29,33 @@ def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarr
     T, N, G = len(graph.bwd), len(graph.fwd), len(mem.groups)
     gnode = mem.group_node
     keep = np.asarray(keep, dtype=bool)
-    node_groups: list[list[int]] = [[] for _ in range(N)]
-    for g, i in enumerate(gnode):
-        node_groups[i].append(g)
-    input_groups = input_groups_of(graph, mem)
+    index = reads_index(graph, mem)
+    node_groups, input_groups = index.node_groups, index.input_groups
     S = np.zeros((T, G), dtype=bool)
     R = np.zeros((T, N), dtype=bool)
+    group_node = gnode.tolist()
     have = keep[0] & allow_s[0]
-    for t, bnode in enumerate(graph.bwd):
+    for t in range(T):
         S[t] = have
-        avail = have.copy()
+        avail = bytearray(have.tobytes())  # the recursion below reads it thousands of times a stage
         todo: list[int] = []
 
         def need(g: int) -> None:
-            if avail[g]:
-                return
-            i = gnode[g]
+            i = group_node[g]
             for h in input_groups[i]:
-                need(h)
+                if not avail[h]:
+                    need(h)
             todo.append(i)
             for h in node_groups[i]:
-                avail[h] = True
+                avail[h] = 1
 
-        for v in bnode.reads:
-            need(mem.group_of[v])
+        for g in index.bwd_groups[t]:
+            if not avail[g]:
+                need(g)
         R[t, todo] = True
         if t + 1 < T:
-            have = avail & keep[t + 1] & allow_s[t + 1]
-    return _trim(graph, mem, S, R, input_groups), R
+            have = np.frombuffer(avail, dtype=bool) & keep[t + 1] & allow_s[t + 1]
+    return _trim(graph, mem, S, R), R
 
 
 def checkpointed(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +86,7 @@ def chen_checkpoints(mem: MemoryModel) -> np.ndarray:
     return nodes[length - 1::length]
 
 
-def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_groups) -> np.ndarray:
+def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray) -> np.ndarray:
     """S (T, G) without the kept groups that are of no use: a group is kept at the start of stage t
     only if stage t reads it (its backward node, or a recomputation, and its node is not
     recomputed in t) or it is kept into stage t + 1 without being recomputed in t.
@@ -97,15 +96,16 @@ def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray, input_
     ResNet-50 the keep-everything candidate had an ILP peak of 26.4 GiB against 15.0 GiB
     simulated, and the ILP rejected repaired schedules that fit.
     """
-    T, G = S.shape
-    used = stage_reads(graph, mem, R, input_groups)
-    out = S.copy()
-    later = np.zeros(G, dtype=bool)
-    for t in range(T - 1, -1, -1):
-        fresh = R[t, mem.group_node]  # recomputed in stage t: its reads do not need the kept copy
-        out[t] &= (used[t] | later) & ~fresh
-        later = out[t]
-    return out
+    T = S.shape[0]
+    used = stage_reads(graph, mem, R)
+    # kept and not recomputed in t (a stage that recomputes a group does not read the kept copy)
+    held = S & ~R[:, mem.group_node]
+    # out[t] = held[t] & (used[t] | out[t + 1]): held from t through a stage that reads it, that is
+    # the next reading stage comes before the next stage that does not hold it
+    stages = np.arange(T)[:, None]
+    next_read = np.minimum.accumulate(np.where(used, stages, T)[::-1], axis=0)[::-1]
+    next_gap = np.minimum.accumulate(np.where(held, T, stages)[::-1], axis=0)[::-1]
+    return held & (next_read < next_gap)
 
 
 #: below this many (stage, group) cells of S (T, G), every candidate of `repaired_candidates` is
@@ -231,22 +231,59 @@ def round_and_repair(graph: OpGraph, mem: MemoryModel, frac_s: np.ndarray | None
     return None
 
 
-def input_groups_of(graph: OpGraph, mem: MemoryModel) -> list[list[int]]:
-    """For each forward node, the groups it reads (sorted indices)."""
-    return [sorted({mem.group_of[v] for v in n.reads}) for n in graph.fwd]
+@dataclass(frozen=True)
+class ReadsIndex:
+    """Who reads which group, of one graph and its memory model (built once: `reads_index`).
+
+    Attributes:
+        node_groups: for each forward node, its groups (indices, ascending).
+        input_groups: for each forward node, the groups it reads (sorted indices).
+        bwd_groups: for each backward stage t, the groups its backward node reads (in read order).
+        bwd_used: (T, G) bool: stage t's backward node reads group g.
+        node_reads: (N, G) sparse float32, 1 where forward node i reads group g.
+    """
+
+    node_groups: list
+    input_groups: list
+    bwd_groups: list
+    bwd_used: np.ndarray
+    node_reads: sp.csr_matrix
 
 
-def stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray, input_groups) -> np.ndarray:
-    """(T, G) bool: stage t reads group g (its backward node, or a node it recomputes)."""
-    T, G = R.shape[0], len(mem.groups)
+_INDEXES: dict[int, tuple] = {}  # id(mem) -> (weakref to mem, weakref to graph, ReadsIndex)
+
+
+def reads_index(graph: OpGraph, mem: MemoryModel) -> ReadsIndex:
+    """The `ReadsIndex` of ``graph`` and ``mem``, built on the first call and kept while ``mem``
+    lives (a repair, the search's unit of work, reads it hundreds of times a second)."""
+    cached = _INDEXES.get(id(mem))
+    if cached is not None and cached[0]() is mem and cached[1]() is graph:
+        return cached[2]
+    N, T, G = len(graph.fwd), len(graph.bwd), len(mem.groups)
+    node_groups: list[list[int]] = [[] for _ in range(N)]
+    for g, i in enumerate(mem.group_node):
+        node_groups[i].append(g)
+    input_groups = [sorted({mem.group_of[v] for v in n.reads}) for n in graph.fwd]
+    bwd_groups = [[mem.group_of[v] for v in b.reads] for b in graph.bwd]
     used = np.zeros((T, G), dtype=bool)
-    for t, bnode in enumerate(graph.bwd):
-        used[t, [mem.group_of[v] for v in bnode.reads]] = True
+    for t, gs in enumerate(bwd_groups):
+        used[t, gs] = True
     rows = [i for i, gs in enumerate(input_groups) for _ in gs]
     cols = [g for gs in input_groups for g in gs]
-    if rows:  # what the recomputed nodes read: R (T, N) @ reads (N, G), sparse
-        reads = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(input_groups), G))
-        used |= (sp.csr_matrix(np.asarray(R, dtype=np.float32)) @ reads).toarray() > 0
+    reads = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(N, G))
+    index = ReadsIndex(node_groups, input_groups, bwd_groups, used, reads)
+    for key in [k for k, (m, _, _) in _INDEXES.items() if m() is None]:
+        del _INDEXES[key]
+    _INDEXES[id(mem)] = (weakref.ref(mem), weakref.ref(graph), index)
+    return index
+
+
+def stage_reads(graph: OpGraph, mem: MemoryModel, R: np.ndarray) -> np.ndarray:
+    """(T, G) bool: stage t reads group g (its backward node, or a node it recomputes, R (T, N))."""
+    index = reads_index(graph, mem)
+    used = index.bwd_used.copy()
+    if index.node_reads.nnz:  # what the recomputed nodes read: R (T, N) @ reads (N, G), sparse
+        used |= (sp.csr_matrix(np.asarray(R, dtype=np.float32)) @ index.node_reads).toarray() > 0
     return used
 
 
@@ -266,9 +303,10 @@ def drop_windows_of(graph: OpGraph, mem: MemoryModel, S: np.ndarray, used: np.nd
 
 
 def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
-                  recompute_s: np.ndarray, deadline: float | None = None, tries: int = 8):
-    """A schedule that fits ``budget`` bytes, built from keep-everything by dropping values where
-    memory is over the budget: (S (T, G), R (T, N), recompute seconds), or None.
+                  recompute_s: np.ndarray, deadline: float | None = None, tries: int = 8, start=None):
+    """A schedule that fits ``budget`` bytes, built from keep-everything (or from ``start``, a
+    valid (S (T, G), R (T, N))) by dropping values where memory is over the budget: (S, R,
+    recompute seconds), or None when no move frees bytes or ``deadline`` passes first.
 
     A move drops a node's values over a window of stages [a, b) in which nothing reads them (b
     reads them: they are recomputed there, once, and kept from then on).  Each step ranks the
@@ -286,8 +324,7 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     recompute_s = np.asarray(recompute_s, dtype=float)
     T, G = allow_s.shape
     gnode = mem.group_node
-    input_groups = input_groups_of(graph, mem)
-    S, R = repair(graph, mem, allow_s, allow_s)
+    S, R = repair(graph, mem, allow_s, allow_s) if start is None else start
     later = np.arange(T)[:, None]
 
     def excess(S, R):
@@ -298,7 +335,7 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     while over.any() or fover > 0:
         if deadline is not None and time.perf_counter() >= deadline:
             return None
-        used = stage_reads(graph, mem, R, input_groups)
+        used = stage_reads(graph, mem, R)
         moves = []
         for j, a, b, gs in drop_windows_of(graph, mem, S, used):
             freed = S[a:b][:, gs] @ mem.saved_bytes[gs]
@@ -324,6 +361,38 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
             return None
         _, S, R, over, fover = best
     return S, R, float(recompute_s @ R.sum(axis=0))
+
+
+#: the rungs of `ladder`, as multiples of the budget, from the top
+LADDER_RUNGS = (1.5, 1.3)
+
+
+def ladder(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float, recompute_s: np.ndarray,
+           deadline: float | None = None, rungs=LADDER_RUNGS) -> list:
+    """Schedules that fit ``budget`` bytes, reached down a ladder of budgets: from keep-everything,
+    at each rung (``rungs`` x ``budget``, descending) `drop_greedily` to the rung and `improve`
+    there; from each rung, `drop_greedily` on to ``budget`` (the caller improves what it keeps).
+    Returns a list of (S (T, G), R (T, N), recompute seconds), one per rung the greedy gets down
+    from (maybe none).
+
+    Why: `drop_greedily` is myopic, and the more a budget asks it to drop the further its schedule
+    is from what a descent finds: on the demo's ResNet-50 at 35 % of the plain peak it found
+    nothing, where the same greedy and descent at 45 % and then at 35 % found +19 % (Note
+    [Search at tight budgets] in docs/design.md).  ``deadline``: a `time.perf_counter` value (None:
+    none) bounding every greedy and descent.
+    """
+    until = float("inf") if deadline is None else deadline
+    top = repair(graph, mem, allow_s, allow_s)
+    found = []
+    for rung in rungs:
+        step = drop_greedily(graph, mem, allow_s, rung * budget, recompute_s, deadline, start=top)
+        if step is None:
+            break
+        top = improve(graph, mem, step[0], step[1], rung * budget, recompute_s, allow_s, until)[:2]
+        down = drop_greedily(graph, mem, allow_s, budget, recompute_s, deadline, start=top)
+        if down is not None:
+            found.append(down)
+    return found
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import numpy as np
 from monet.graph import OpGraph
 from monet.solver.formulation import HUGE, Problem, allowed
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import drop_greedily, improve, replay, repaired_candidates
+from monet.solver.repair import bounded, drop_greedily, improve, ladder, replay, repaired_candidates
 from monet.solver.structured import structured_candidates
 from monet.solver.windows import drop_windows
 
@@ -57,14 +57,19 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     cands += repaired_candidates(graph, mem, frac_s, allow_s, recompute_s, share)
     if budget is not None:
         cands = [c for c in cands if c[2] <= budget]
-        # and two that drop values only where memory is short: the greedy
-        # (`solver.repair.drop_greedily`) and the window knapsack (`solver.windows`), each in at
-        # most a fifth of the time
-        for make in (drop_greedily, drop_windows):
-            share = None if deadline is None else time.perf_counter() + 0.2 * (deadline - time.perf_counter())
-            found = make(graph, mem, allow_s, budget, recompute_s, share)
-            if found is not None:
-                cands.append((found[0], found[1], mem.peak(found[0], found[1]), found[2]))
+        # and those that drop values only where memory is short: the greedy
+        # (`solver.repair.drop_greedily`) and the window knapsack (`solver.windows`), each run
+        # whole below `ALWAYS_BUILT_CELLS`, else in at most a fifth of the time; and below it the
+        # greedy down a ladder of budgets too (`solver.repair.ladder`): at tight budgets theirs are
+        # the starts the others are far from (docs/design.md, "Note [Search at tight budgets]")
+        limited = bounded(deadline, allow_s)
+
+        def share():
+            return time.perf_counter() + 0.2 * (deadline - time.perf_counter()) if limited else None
+        found = [drop_greedily(graph, mem, allow_s, budget, recompute_s, share()),
+                 drop_windows(graph, mem, allow_s, budget, recompute_s, share())]
+        found += [] if limited else ladder(graph, mem, allow_s, budget, recompute_s)
+        cands += [(S, R, mem.peak(S, R), cost) for S, R, cost in (f for f in found if f is not None)]
         cands.sort(key=lambda c: c[3])
     if not cands and not near:
         return None

@@ -33,7 +33,7 @@ import numpy as np
 
 from monet.graph import OpGraph
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import drop_windows_of, input_groups_of, repair, stage_reads
+from monet.solver.repair import drop_windows_of, repair, stage_reads
 
 
 def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
@@ -47,10 +47,9 @@ def drop_windows(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: 
     deadline = float("inf") if deadline is None else deadline
     T = allow_s.shape[0]
     gnode = mem.group_node
-    inputs = input_groups_of(graph, mem)
     S0, R0 = repair(graph, mem, allow_s, allow_s)
     P0, F0 = mem.bwd_peaks(S0, R0), mem.fwd_peak(S0[0], R=R0)
-    used = stage_reads(graph, mem, R0, inputs)
+    used = stage_reads(graph, mem, R0)
 
     def dropped(chosen):  # keep-everything without the chosen windows (kept again from b on)
         keep = S0.copy()

@@ -313,9 +313,9 @@ def test_a_block_schedule_the_simulator_fits_is_taken_over_the_ilps_count():
 
 def test_a_block_schedule_only_the_simulator_fits_is_returned_when_nothing_else_fits(monkeypatch):
     """At a budget between per-block checkpointing's simulated peak and its ILP count, where no other
-    candidate fits the ILP's memory (the repaired candidates, the greedy and the window knapsack
-    find none), the search given the simulator returns a schedule the simulator fits, at most as
-    dear as per-block checkpointing, instead of nothing (a 96-layer Llama at transformers'
+    candidate fits the ILP's memory (the repaired candidates, the greedy, the window knapsack and
+    the ladder find none), the search given the simulator returns a schedule the simulator fits, at
+    most as dear as per-block checkpointing, instead of nothing (a 96-layer Llama at transformers'
     per-block peak then fell back to the smallest-budget schedule, +3,861 %)."""
     import monet.solver.search as search_module
 
@@ -324,6 +324,7 @@ def test_a_block_schedule_only_the_simulator_fits_is_returned_when_nothing_else_
     monkeypatch.setattr(search_module, "repaired_candidates", lambda *a, **k: [])
     monkeypatch.setattr(search_module, "drop_greedily", lambda *a, **k: None)
     monkeypatch.setattr(search_module, "drop_windows", lambda *a, **k: None)
+    monkeypatch.setattr(search_module, "ladder", lambda *a, **k: [])
     assert search(graph, mem, allow_s, costs.fwd_recompute, budget) is None  # the ILP's count alone
     for deadline in (None, time.perf_counter() + 5):
         S, R, cost, _ = search(graph, mem, allow_s, costs.fwd_recompute, budget, deadline=deadline, iterate=True,
