@@ -1,0 +1,85 @@
+"""The schedule a time limit buys: the demo's model solved at each budget with time limits from
+2 to 60 s, the budgets in descending and in ascending order on one plan each (as a user solves one
+budget after another), optionally beside one busy process.
+
+    python benchmarks/solver_time_limits.py [--budgets 50%,40%,35%] [--time-limits 2,5,10,20,60]
+                                            [--busy] [--csv benchmarks/results/solver-time-limits.csv]
+
+Each row is one ``Plan.solve(budget, time_limit=T, calibrate=False)``: its predicted overhead (the
+objective over plain PyTorch's simulated step, minus 1), its status, its wall time (seconds), and
+``vs best``: its objective over the lowest objective of that budget in the whole run, minus 1.  A
+model is captured and costed once per order (`monet.prepare`); nothing is measured but the solve.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+from monet.cli.common import build_model
+from monet.cli.demo import DEMO_BATCH, DEMO_MODEL, DEMO_SHAPE, DEMO_WIDTH
+from monet.plan import prepare
+from monet.profiling.raw_results import append_rows, command_line, provenance
+
+DEFAULT_CSV = Path(__file__).resolve().parent / "results" / "solver-time-limits.csv"
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def solve_rows(budgets: list[str], limits: list[float], order: str) -> list[dict]:
+    """One row per (time limit, budget) of one plan, the budgets in ``order`` ("descending" as
+    given, or "ascending")."""
+    model, x = build_model(DEMO_MODEL, DEMO_BATCH, DEMO_SHAPE, "cpu", base_width=DEMO_WIDTH)[:2]
+    plan = prepare(model, x, progress=False)
+    seq = budgets if order == "descending" else list(reversed(budgets))
+    rows = []
+    for limit in limits:
+        for budget in seq:
+            t0 = time.perf_counter()
+            sol = plan.solve(budget, time_limit=limit, calibrate=False, progress=None)
+            m = sol.meta
+            rows.append({"model": f"{DEMO_MODEL} (base width {DEMO_WIDTH})", "budget": budget, "order": order,
+                         "time limit s": limit, "objective s": round(m.objective_s, 5),
+                         "predicted overhead": f"{100 * (m.objective_s / m.eager_time_s - 1):+.1f} %",
+                         "status": m.status, "wall s": round(time.perf_counter() - t0, 1)})
+            print(f"{order} T={limit:g} {budget}: {rows[-1]['predicted overhead']} ({rows[-1]['wall s']} s)",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budgets", default="50%,40%,35%", help="comma-separated, from the largest")
+    p.add_argument("--time-limits", default="2,5,10,20,60", help="seconds, comma-separated")
+    p.add_argument("--busy", action="store_true", help="one process spinning beside the solves")
+    p.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="raw results file (rows appended)")
+    args = p.parse_args(argv)
+    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    limits = [float(t) for t in args.time_limits.split(",") if t.strip()]
+    busy = mp.Process(target=_spin, daemon=True) if args.busy else None
+    if busy is not None:
+        busy.start()
+    try:
+        rows = [r for order in ("descending", "ascending") for r in solve_rows(budgets, limits, order)]
+    finally:
+        if busy is not None:
+            busy.terminate()
+    best = {}
+    for r in rows:
+        best[r["budget"]] = min(best.get(r["budget"], float("inf")), r["objective s"])
+    for r in rows:
+        r["vs best"] = f"{100 * (r['objective s'] / best[r['budget']] - 1):+.1f} %"
+        r["busy process"] = "yes" if args.busy else "no"
+    append_rows(args.csv, rows, provenance(command_line("python benchmarks/solver_time_limits.py", argv)))
+    print(f"wrote {len(rows)} rows to {args.csv}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
