@@ -236,6 +236,23 @@ def compiled() -> list[str]:
             + [caption(frame), ""])
 
 
+def solver_time_limits() -> list[str]:
+    """Per run (provenance): the predicted overhead each budget gets within each time limit, its
+    gap to the run's best and the solve's wall time, the budgets in one order per row
+    (`benchmarks/solver_time_limits.py`)."""
+    out = []
+    for _, run in read("solver-time-limits.csv").groupby(list(PROVENANCE), sort=False):
+        limits = list(dict.fromkeys(run["time limit s"]))
+        rows = []
+        for (order, budget), r in run.groupby(["order", "budget"], sort=False):
+            cell = {t: f"{o} ({v}; {float(w):.0f} s)" for t, o, v, w in
+                    zip(r["time limit s"], r["predicted overhead"], r["vs best"], r["wall s"])}
+            rows.append({"budget": budget, "order": order, "busy process": r["busy process"].iloc[0],
+                         **{f"{float(t):g} s": cell.get(t, "-") for t in limits}})
+        out += block(run, pd.DataFrame(rows), right=tuple(f"{float(t):g} s" for t in limits))
+    return out
+
+
 def gpu() -> list[str]:
     """Each model measured on a GPU (benchmarks/results/gpu/*.json, written by gpu_table.py)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -318,6 +335,11 @@ SECTIONS = (
             "to 33 % of the simulated plain peak and at the smallest budget, full mode, analytic P100 costs "
             "(`benchmarks/bench_solver.py`; MONeT's fast formulation, CBC): the objective against the LP bound and "
             "against the best schedule known (`benchmarks/best_known.csv`).", as_is("solver.csv", drop=("formulation", "solver")), ("solver.csv",)),
+    Section("Solver: the schedule a time limit buys", "The demo's ResNet-50 solved at each budget within "
+            "each time limit, one budget after another on one plan, in both orders: the predicted overhead, "
+            "and in brackets the objective against the lowest of that budget in the run and the solve's "
+            "wall time (`Plan.solve(..., calibrate=False)`; `benchmarks/solver_time_limits.py`).", solver_time_limits,
+            ("solver-time-limits.csv",)),
     Section("Schedule zoo", "The prebuilt schedules (`monet zoo list`), predicted by the simulator with the "
             "costs each entry names, not measured.\n\n![predicted peak against overhead](docs/zoo_frontier.png)",
             as_is("zoo.csv"), ("zoo.csv",)),
