@@ -129,6 +129,18 @@ def _vit(b):
     return model, dict(pixel_values=x, labels=y)
 
 
+def _clip(b):
+    from transformers import CLIPConfig, CLIPModel
+
+    # two towers (text and vision, 2 layers each) and the contrastive loss between them
+    text = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                max_position_embeddings=32)
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                  patch_size=8)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=32))
+    return model, dict(input_ids=_tokens(b), pixel_values=_image(b, 32)[0], return_loss=True)
+
+
 def _qwen2(b):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -154,6 +166,7 @@ MODELS = {
     "transformers/bert-mlm": ("transformers", _bert),
     "transformers/vit": ("transformers", _vit),
     "transformers/qwen2": ("transformers", _qwen2),
+    "transformers/clip": ("transformers", _clip),
 }
 
 
@@ -171,7 +184,7 @@ TABLE_BATCH = {
     "torchvision/resnet18": 64, "torchvision/mobilenet_v3_small": 32, "torchvision/efficientnet_b0": 16,
     "torchvision/shufflenet_v2_x0_5": 32, "timm/vit_tiny_patch16_224": 32, "timm/convnext_atto": 16,
     "timm/resnet10t": 32, "transformers/gpt2": 16, "transformers/llama": 16, "transformers/bert-mlm": 16,
-    "transformers/vit": 32, "transformers/qwen2": 16, "torchvision/swin_t": 4,
+    "transformers/vit": 32, "transformers/qwen2": 16, "transformers/clip": 16, "torchvision/swin_t": 4,
 }
 
 
