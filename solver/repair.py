@@ -370,8 +370,9 @@ LADDER_RUNGS = (1.5, 1.3)
 def ladder(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float, recompute_s: np.ndarray,
            deadline: float | None = None, rungs=LADDER_RUNGS) -> list:
     """Schedules that fit ``budget`` bytes, reached down a ladder of budgets: from keep-everything,
-    at each rung (``rungs`` x ``budget``, descending) `drop_greedily` to the rung and `improve`
-    there; from each rung, `drop_greedily` on to ``budget`` (the caller improves what it keeps).
+    at each rung (``rungs`` x ``budget``, descending; those that keeping everything fits are left
+    out) `drop_greedily` to the rung and `improve` there; from each rung, `drop_greedily` on to
+    ``budget`` (the caller improves what it keeps).
     Returns a list of (S (T, G), R (T, N), recompute seconds), one per rung the greedy gets down
     from (maybe none).
 
@@ -383,8 +384,11 @@ def ladder(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
     """
     until = float("inf") if deadline is None else deadline
     top = repair(graph, mem, allow_s, allow_s)
+    highest = mem.peak(*top)
     found = []
     for rung in rungs:
+        if rung * budget >= highest:  # keeping everything fits the rung: the greedy from there is the plain one
+            continue
         step = drop_greedily(graph, mem, allow_s, rung * budget, recompute_s, deadline, start=top)
         if step is None:
             break

@@ -59,16 +59,18 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
         cands = [c for c in cands if c[2] <= budget]
         # and those that drop values only where memory is short: the greedy
         # (`solver.repair.drop_greedily`) and the window knapsack (`solver.windows`), each run
-        # whole below `ALWAYS_BUILT_CELLS`, else in at most a fifth of the time; and below it the
-        # greedy down a ladder of budgets too (`solver.repair.ladder`): at tight budgets theirs are
-        # the starts the others are far from (docs/design.md, "Note [Search at tight budgets]")
+        # whole below `ALWAYS_BUILT_CELLS`, else in at most a fifth of the time; and below it, where
+        # the greedy gets stuck, the greedy down a ladder of budgets (`solver.repair.ladder`): at
+        # tight budgets theirs are the starts the others are far from (docs/design.md, "Note
+        # [Search at tight budgets]")
         limited = bounded(deadline, allow_s)
 
         def share():
             return time.perf_counter() + 0.2 * (deadline - time.perf_counter()) if limited else None
         found = [drop_greedily(graph, mem, allow_s, budget, recompute_s, share()),
                  drop_windows(graph, mem, allow_s, budget, recompute_s, share())]
-        found += [] if limited else ladder(graph, mem, allow_s, budget, recompute_s)
+        if found[0] is None and not limited:  # the greedy got stuck: walk it down (`ladder`)
+            found += ladder(graph, mem, allow_s, budget, recompute_s)
         cands += [(S, R, mem.peak(S, R), cost) for S, R, cost in (f for f in found if f is not None)]
         cands.sort(key=lambda c: c[3])
     if not cands and not near:
