@@ -247,7 +247,8 @@ def solver_time_limits() -> list[str]:
         for (order, budget), r in run.groupby(["order", "budget"], sort=False):
             cell = {t: f"{o} ({v}; {float(w):.0f} s)" for t, o, v, w in
                     zip(r["time limit s"], r["predicted overhead"], r["vs best"], r["wall s"])}
-            rows.append({"budget": budget, "order": order, "busy process": r["busy process"].iloc[0],
+            rows.append({"model": r["model"].iloc[0], "budget": budget, "order": order,
+                         "busy process": r["busy process"].iloc[0],
                          **{f"{float(t):g} s": cell.get(t, "-") for t in limits}})
         out += block(run, pd.DataFrame(rows), right=tuple(f"{float(t):g} s" for t in limits))
     return out
@@ -335,7 +336,7 @@ SECTIONS = (
             "to 33 % of the simulated plain peak and at the smallest budget, full mode, analytic P100 costs "
             "(`benchmarks/bench_solver.py`; MONeT's fast formulation, CBC): the objective against the LP bound and "
             "against the best schedule known (`benchmarks/best_known.csv`).", as_is("solver.csv", drop=("formulation", "solver")), ("solver.csv",)),
-    Section("Solver: the schedule a time limit buys", "The demo's ResNet-50 solved at each budget within "
+    Section("Solver: the schedule a time limit buys", "A model solved at each budget within "
             "each time limit, one budget after another on one plan, in both orders: the predicted overhead, "
             "and in brackets the objective against the lowest of that budget in the run and the solve's "
             "wall time (`Plan.solve(..., calibrate=False)`; `benchmarks/solver_time_limits.py`).", solver_time_limits,

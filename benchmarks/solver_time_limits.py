@@ -1,9 +1,14 @@
-"""The schedule a time limit buys: the demo's model solved at each budget with time limits from
-2 to 60 s, the budgets in descending and in ascending order on one plan each (as a user solves one
-budget after another), optionally beside one busy process.
+"""The schedule a time limit buys: a model solved at each budget with time limits from 2 to 60 s,
+the budgets in descending and in ascending order on one plan each (as a user solves one budget
+after another), optionally beside one busy process.
 
-    python benchmarks/solver_time_limits.py [--budgets 50%,40%,35%] [--time-limits 2,5,10,20,60]
-                                            [--busy] [--csv benchmarks/results/solver-time-limits.csv]
+    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|...] [--budgets 50%,40%,35%]
+                                            [--time-limits 2,5,10,20,60] [--busy]
+                                            [--csv benchmarks/results/solver-time-limits.csv]
+
+``--model``: ``demo`` (`monet demo`'s quarter-width ResNet-50, batch 64, 3x64x64) or
+``<gpt2|llama|bert>-<layers>``, transformers' model as `benchmarks/depth.py` builds it (hidden 256,
+2 x 256 tokens, vocabulary 1024, no dropout).
 
 Each row is one ``Plan.solve(budget, time_limit=T, calibrate=False)``: its predicted overhead (the
 objective over plain PyTorch's simulated step, minus 1), its status, its wall time (seconds), and
@@ -21,6 +26,7 @@ from pathlib import Path
 from monet.cli.common import build_model
 from monet.cli.demo import DEMO_BATCH, DEMO_MODEL, DEMO_SHAPE, DEMO_WIDTH
 from monet.plan import prepare
+from monet.solver.ilp import InfeasibleBudgetError
 from monet.profiling.raw_results import append_rows, command_line, provenance
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "results" / "solver-time-limits.csv"
@@ -31,19 +37,39 @@ def _spin() -> None:
         pass
 
 
-def solve_rows(budgets: list[str], limits: list[float], order: str) -> list[dict]:
-    """One row per (time limit, budget) of one plan, the budgets in ``order`` ("descending" as
-    given, or "ascending")."""
-    model, x = build_model(DEMO_MODEL, DEMO_BATCH, DEMO_SHAPE, "cpu", base_width=DEMO_WIDTH)[:2]
+def build(name: str):
+    """(model, example inputs, its name in the table) for ``--model`` ``name``.
+
+    Raises:
+        ValueError: a name neither ``demo`` nor ``<model>-<layers>`` of `benchmarks/depth.py`."""
+    if name == "demo":
+        model, x = build_model(DEMO_MODEL, DEMO_BATCH, DEMO_SHAPE, "cpu", base_width=DEMO_WIDTH)[:2]
+        return model, x, f"{DEMO_MODEL} (base width {DEMO_WIDTH})"
+    import depth
+
+    kind, _, layers = name.partition("-")
+    if not layers.isdigit():
+        raise ValueError(f"--model {name!r}: demo, or <model>-<layers> with a model of {', '.join(depth.MODELS)}")
+    model, x = depth.build(kind, int(layers), hidden=256, seq=256, batch=2, vocab=1024, dropout=0.0)
+    return model, x, f"{kind} {layers} layers"
+
+
+def solve_rows(name: str, budgets: list[str], limits: list[float], order: str) -> list[dict]:
+    """One row per (time limit, budget) of one plan of ``--model`` ``name``, the budgets in
+    ``order`` ("descending" as given, or "ascending")."""
+    model, x, label = build(name)
     plan = prepare(model, x, progress=False)
     seq = budgets if order == "descending" else list(reversed(budgets))
     rows = []
     for limit in limits:
         for budget in seq:
             t0 = time.perf_counter()
-            sol = plan.solve(budget, time_limit=limit, calibrate=False, progress=None)
+            try:
+                sol = plan.solve(budget, time_limit=limit, calibrate=False, progress=None)
+            except InfeasibleBudgetError as e:
+                raise SystemExit(f"--budgets {budget}: {e}") from None
             m = sol.meta
-            rows.append({"model": f"{DEMO_MODEL} (base width {DEMO_WIDTH})", "budget": budget, "order": order,
+            rows.append({"model": label, "budget": budget, "order": order,
                          "time limit s": limit, "objective s": round(m.objective_s, 5),
                          "predicted overhead": f"{100 * (m.objective_s / m.eager_time_s - 1):+.1f} %",
                          "status": m.status, "wall s": round(time.perf_counter() - t0, 1)})
@@ -55,6 +81,7 @@ def solve_rows(budgets: list[str], limits: list[float], order: str) -> list[dict
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="demo", help="demo, or <gpt2|llama|bert>-<layers> (default demo)")
     p.add_argument("--budgets", default="50%,40%,35%", help="comma-separated, from the largest")
     p.add_argument("--time-limits", default="2,5,10,20,60", help="seconds, comma-separated")
     p.add_argument("--busy", action="store_true", help="one process spinning beside the solves")
@@ -66,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if busy is not None:
         busy.start()
     try:
-        rows = [r for order in ("descending", "ascending") for r in solve_rows(budgets, limits, order)]
+        rows = [r for order in ("descending", "ascending") for r in solve_rows(args.model, budgets, limits, order)]
     finally:
         if busy is not None:
             busy.terminate()
