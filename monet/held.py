@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from monet.profiling.dispatch import restored
+from monet.profiling.measure import step_peak
 from monet.solution import Solution
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.terms import fmt_size
@@ -85,9 +87,18 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
     raise InfeasibleBudgetError(budget, peak, sol.meta.mode, exact=False)
 
 
+def compiled_peak(wrapper, module, inputs, autocast=None) -> int:
+    """The peak in bytes of one training step of ``wrapper`` (a `monet.wrapper.MONeTWrapper` of
+    ``module``; its first step compiles it) on ``inputs`` (`monet.profiling.measure.step_peak`),
+    with ``module``'s parameters and gradients left as they were
+    (`monet.profiling.dispatch.restored`): what `hold_budget`'s ``measure`` runs."""
+    with restored(module):
+        return step_peak(wrapper, inputs, autocast=autocast)
+
+
 def _measured(sol: Solution, measure: Callable[[Solution], int]) -> int:
     sol.meta.measured_peak_bytes = peak = int(measure(sol))
     return peak
 
 
-__all__ = ["TRIES", "hold_budget", "pinned"]
+__all__ = ["TRIES", "compiled_peak", "hold_budget", "pinned"]

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from monet.buckets import optimize_buckets
-from monet.held import hold_budget
+from monet.held import compiled_peak, hold_budget
 from monet.inputs import ExampleInputs
 from monet.lm_choice import choose_lm_loss, worth_chunking
 from monet.lm_loss import chunked_loss_hint
@@ -377,14 +377,11 @@ class Plan:
         (`monet.profiling.dispatch.restored`), pinned to its stages or solved again where over,
         each solve in the call's time limit again; the last wrapper measured is kept
         (`measured`), so `wrap` returns it compiled."""
-        from monet.profiling.dispatch import restored
-        from monet.profiling.measure import step_peak
         from monet.solver.deadline import Deadline
 
         def measure(s):
             wrapper = self.wrap(s)
-            with restored(self.module):
-                peak = step_peak(wrapper, self.inputs, autocast=self.graph.autocast)
+            peak = compiled_peak(wrapper, self.module, self.inputs, self.graph.autocast)
             self.measured = (s, wrapper)
             return peak
 

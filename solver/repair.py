@@ -37,7 +37,7 @@ def repair(graph: OpGraph, mem: MemoryModel, keep: np.ndarray, allow_s: np.ndarr
     have = keep[0] & allow_s[0]
     for t in range(T):
         S[t] = have
-        avail = bytearray(have.tobytes())  # the recursion below reads it thousands of times a stage
+        avail = bytearray(have.tobytes())  # a bytearray: the recursion below indexes it fast
         todo: list[int] = []
 
         def need(g: int) -> None:
@@ -254,8 +254,8 @@ _INDEXES: dict[int, tuple] = {}  # id(mem) -> (weakref to mem, weakref to graph,
 
 
 def reads_index(graph: OpGraph, mem: MemoryModel) -> ReadsIndex:
-    """The `ReadsIndex` of ``graph`` and ``mem``, built on the first call and kept while ``mem``
-    lives (a repair, the search's unit of work, reads it hundreds of times a second)."""
+    """The `ReadsIndex` of ``graph`` and ``mem``, built on the first call and kept while both live
+    (a repair, the search's unit of work, reads it on every call)."""
     cached = _INDEXES.get(id(mem))
     if cached is not None and cached[0]() is mem and cached[1]() is graph:
         return cached[2]
@@ -377,10 +377,9 @@ def ladder(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
     from (maybe none).
 
     Why: `drop_greedily` is myopic, and the more a budget asks it to drop the further its schedule
-    is from what a descent finds: on the demo's ResNet-50 at 35 % of the plain peak it found
-    nothing, where the same greedy and descent at 45 % and then at 35 % found +19 % (Note
-    [Search at tight budgets] in docs/design.md).  ``deadline``: a `time.perf_counter` value (None:
-    none) bounding every greedy and descent.
+    is from what a descent finds, down to none where no single drop frees bytes (docs/design.md,
+    "Note [Search at tight budgets]").  ``deadline``: a `time.perf_counter` value (None: none)
+    bounding every greedy and descent.
     """
     until = float("inf") if deadline is None else deadline
     top = repair(graph, mem, allow_s, allow_s)

@@ -91,18 +91,24 @@ def test_default_chunk_bounds_the_number_of_chunks(rows, vocab, hidden):
         assert chunk // 2 < min(math.ceil(rows / MAX_CHUNKS), CHUNK_ROWS)
 
 
-@pytest.fixture(scope="module")
-def gpt2():
+def _gpt2(vocab: int, width: int, batch: int):
+    """A 2-layer transformers GPT-2 in training and its batch (``batch`` x 64 tokens, labels = ids);
+    skips the test without transformers."""
     reason = missing("transformers")
     if reason:
         pytest.skip(reason)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=2048, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=64, n_embd=width, n_layer=2, n_head=2,
                                        bos_token_id=0, eos_token_id=0)).train()
-    ids = torch.randint(0, 2048, (4, 64), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, vocab, (batch, 64), generator=torch.Generator().manual_seed(1))
     return model, dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return _gpt2(vocab=2048, width=32, batch=4)
 
 
 def test_the_rewrite_finds_the_head_and_drops_the_logits(gpt2):
@@ -225,19 +231,10 @@ def test_by_default_an_infeasible_budget_names_the_smallest_of_both_losses(gpt2)
 def test_auto_is_the_models_own_loss_where_the_logits_are_small():
     """A language model whose logits are a small part of its peak is captured once, as it computes
     its loss (`monet.lm_choice.worth_chunking` is 0)."""
-    reason = missing("transformers")
-    if reason:
-        pytest.skip(reason)
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     import monet
     from monet.lm_choice import worth_chunking
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=64, n_embd=64, n_layer=2, n_head=2,
-                                       bos_token_id=0, eos_token_id=0)).train()
-    ids = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
-    batch = dict(input_ids=ids, labels=ids, use_cache=False)
+    model, batch = _gpt2(vocab=64, width=64, batch=2)
     plan = monet.prepare(copy.deepcopy(model), batch, cost="analytic", progress=False)
     assert worth_chunking(plan) == 0
     wrapper = monet.optimize(copy.deepcopy(model), batch, budget="70%", cost="analytic", time_limit=5, progress=False)

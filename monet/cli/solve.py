@@ -288,9 +288,7 @@ def _measured(args, sol, budget: int | None, model, x, graph, costs, kw: dict, h
     this machine (`monet.held.hold_budget`, as `monet.plan.Plan.solve` does), each new solve in
     ``--time-limit`` again; ``sol`` as it is, said in the log, where the device it is for is not
     ``here`` (on this machine)."""
-    from monet.held import hold_budget
-    from monet.profiling.dispatch import restored
-    from monet.profiling.measure import step_peak
+    from monet.held import compiled_peak, hold_budget
     from monet.solver.deadline import Deadline
     from monet.solver.solve import solve
     from monet.wrapper import MONeTWrapper
@@ -301,8 +299,7 @@ def _measured(args, sol, budget: int | None, model, x, graph, costs, kw: dict, h
         return sol
 
     def measure(s):
-        with restored(model):
-            return step_peak(MONeTWrapper(model, s, s.meta.input_shape), x, autocast=graph.autocast)
+        return compiled_peak(MONeTWrapper(model, s, s.meta.input_shape), model, x, graph.autocast)
 
     def resolve(b: int):
         return solve(graph, costs, b, args.mode, deadline=Deadline(args.time_limit), **kw)
