@@ -39,6 +39,12 @@ class CaptureError(RuntimeError):
     """The model could not be traced; the message names the operator or construct and the fix."""
 
 
+class GraphBreakError(CaptureError):
+    """Dynamo could not trace the model into one graph (a graph break or data-dependent control
+    flow); ``torch.compile`` would run it in pieces, and so does `monet.optimize`
+    (`monet.pieces`)."""
+
+
 class ShardedModelError(CaptureError, TypeError):
     """The model is sharded with FSDP2 (``fully_shard``) or holds DTensor parameters: monet cannot
     capture it as one graph (see `fsdp_refusal`)."""
@@ -249,6 +255,15 @@ def _user_code(text: str) -> str:
     return f" at {path}:{line}: `{code.strip()}`"
 
 
+def is_graph_break(e: BaseException) -> bool:
+    """Whether an export failed where ``torch.compile`` would break the graph: Dynamo's
+    ``Unsupported`` (print, ``.item()``, a branch on a value, setting ``requires_grad`` ...) or a
+    data-dependent guard."""
+    text = str(e)
+    return ("graph break" in text.lower() or "Unsupported" in type(e).__name__ or "Unsupported" in text[:200]
+            or "DataDependent" in text or "data-dependent" in text or "GuardOnDataDependentSymNode" in text)
+
+
 def describe_export_failure(e: BaseException) -> str:
     """One paragraph naming what Dynamo could not export, where in the model, and what to do."""
     text = str(e).strip()
@@ -260,8 +275,9 @@ def describe_export_failure(e: BaseException) -> str:
     if "graph break" in text.lower() or "Unsupported" in type(e).__name__ or "Unsupported" in text[:200]:
         explanation = " ".join(line.strip() for line in text.splitlines()[:6] if line.strip())
         return (f"Dynamo could not trace the model into one graph (a graph break): {explanation}. "
-                "monet needs the whole forward in one graph, as torch.compile(fullgraph=True) does; "
-                "change that construct in the model (or move it out of the forward)")
+                "one graph, as torch.compile(fullgraph=True) needs, does not hold the whole forward; "
+                "monet.optimize trains such a model in pieces with the code between them run eagerly "
+                "(monet.pieces), or change that construct in the model to capture it whole")
     if "DataDependent" in text or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
         return (f"{type(e).__name__}: {first}. The model reads tensor values in Python (data-dependent "
                 "control flow such as `if x.sum() > 0`, .item(), .tolist(), nonzero); make the control "
@@ -304,8 +320,8 @@ def export(model: nn.Module, inputs: ExampleInputs) -> fx.GraphModule:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with what failed and the fix
         where = _user_code(str(e)) or _user_frame(e)
-        raise CaptureError(f"could not capture the model with Dynamo{where}: "
-                           f"{describe_export_failure(e)}") from e
+        kind = GraphBreakError if is_graph_break(e) else CaptureError
+        raise kind(f"could not capture the model with Dynamo{where}: {describe_export_failure(e)}") from e
     finally:
         _forget(model)
     _canonical_order(gm, model)
@@ -402,5 +418,5 @@ def _user_frame(e: BaseException) -> str:
     return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
 
 
-__all__ = ["CaptureError", "ShardedModelError", "fsdp_refusal", "export", "rebind", "trace", "tracing", "primal_sources", "primal_kinds", "kinds_by_name",
+__all__ = ["CaptureError", "GraphBreakError", "is_graph_break", "ShardedModelError", "fsdp_refusal", "export", "rebind", "trace", "tracing", "primal_sources", "primal_kinds", "kinds_by_name",
            "describe_export_failure", "training_inputs", "cache_owner"]

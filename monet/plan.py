@@ -17,11 +17,13 @@ import torch
 import torch.nn as nn
 
 from monet.buckets import optimize_buckets
+from monet.frontend import GraphBreakError
 from monet.held import compiled_peak, hold_budget
 from monet.inputs import ExampleInputs
 from monet.lm_choice import choose_lm_loss, worth_chunking
 from monet.lm_loss import chunked_loss_hint
 from monet.options import Options
+from monet.pieces import optimize_pieces
 from monet.progress import Progress
 from monet.terms import MonetWarning, arg, fmt_size
 from monet.solver import DEFAULT_GAP
@@ -150,8 +152,13 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
         if not opts.progress:  # nothing printed: monet's own notes are not shown either (`MonetWarning`)
             warnings.simplefilter("ignore", MonetWarning)
         start = time.perf_counter()
-        plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, progress=bar, reuse=True,
-                       **own.capture_and_costs())
+        try:
+            plan = prepare(model, example_inputs, loss_fn=loss_fn, target=target, progress=bar, reuse=True,
+                           **own.capture_and_costs())
+        except GraphBreakError as e:
+            bar.log(f"{e}; training it in pieces, as torch.compile runs it")
+            return optimize_pieces(*_training_module(model, example_inputs, loss_fn, target), budget, prepare=prepare,
+                                   time_limit=time_limit, options=own, bar=bar)
         elapsed = time.perf_counter() - start
         limit = solve_limit(time_limit, elapsed)
         if limit < time_limit:

@@ -28,6 +28,7 @@ class Progress:
         self.phases = tuple(phases)
         self.elapsed: dict[str, float] = {}
         self._bar = None
+        self._skipped: set[str] = set()
         if self.enabled:
             from tqdm.auto import tqdm
 
@@ -63,7 +64,8 @@ class Progress:
 
     def skip(self, name: str) -> None:
         """Mark phase ``name`` as not run (it does not apply)."""
-        if self._bar is not None and name in self.phases and name not in self.elapsed:
+        if self._bar is not None and name in self.phases and name not in self.elapsed and name not in self._skipped:
+            self._skipped.add(name)
             self._bar.update(1)
 
     def _summary(self, running: str | None = None) -> str:

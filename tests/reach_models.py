@@ -177,6 +177,27 @@ EXTRA = {
 }
 
 
+def _wav2vec2(b):
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    # speech recognition with the CTC loss; Dynamo breaks its graph 7 times (the feature encoder
+    # sets requires_grad, the labels are checked by value, the CTC loss reads lengths)
+    config = Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=6, num_attention_heads=2,
+                            intermediate_size=256, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+                            num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, hidden_dropout=0.0,
+                            attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0,
+                            mask_time_prob=0.0, ctc_loss_reduction="mean", pad_token_id=0)
+    g = torch.Generator().manual_seed(2)
+    return Wav2Vec2ForCTC(config), dict(input_values=torch.randn(b, 16000, generator=g),
+                                        labels=torch.randint(1, 32, (b, 12), generator=g))
+
+
+#: models Dynamo captures only in pieces (graph breaks): `monet.pieces`, tests/test_pieces.py
+IN_PIECES = {
+    "transformers/wav2vec2-ctc": ("transformers", _wav2vec2),
+}
+
+
 # The benchmark table's batch per model (`benchmarks/reach_table.py`): large enough that activations,
 # not parameters and gradients, make most of plain PyTorch's peak, so that "50 % of the plain peak" is
 # a budget a schedule can meet, and small enough for an iteration of about a second on 2 CPU cores.
@@ -193,7 +214,7 @@ def build(name: str, batch: int = B):
     loss.  Raises KeyError for a name of neither `MODELS` nor `EXTRA`."""
     declare_torchvision_ops()
     torch.manual_seed(0)
-    model, batch = {**MODELS, **EXTRA}[name][1](batch)
+    model, batch = {**MODELS, **EXTRA, **IN_PIECES}[name][1](batch)
     model.train()
     if isinstance(batch, tuple):  # (image, class) for cross-entropy
         return model, batch[0], batch[1]
