@@ -125,12 +125,18 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
     infeasible budget (``budget="min"``, ``if_infeasible="smallest"``) returns the smallest-budget
     schedule the first call found, in seconds.
 
+    A model Dynamo captures only with graph breaks (a ``print``, ``.item()``, a branch on a value)
+    is trained in pieces, as ``torch.compile`` runs it (`monet.pieces.optimize_pieces`): each piece
+    that trains solved under the one budget, the code between them run eagerly.
+
     Returns:
         A `MONeTWrapper`; ``wrapper.solution`` is the `Solution` (``.save(path)`` keeps it).  With
-        ``buckets``, a `monet.buckets.BucketedWrapper` (``.solutions``, ``.save(prefix)``).
+        ``buckets``, a `monet.buckets.BucketedWrapper` (``.solutions``, ``.save(prefix)``).  For a
+        model in pieces, a `monet.pieces.PiecewiseModule` (``.solutions``, one per scheduled piece).
 
     Raises:
-        monet.capture.CaptureError: the model cannot be traced (the message names the construct).
+        monet.capture.CaptureError: the model cannot be traced, not even in pieces (the message
+            names the construct).
         monet.solver.ilp.InfeasibleBudgetError: the budget is below the smallest feasible one,
             which the message names, with the arguments that get it (``budget=<bytes>``,
             ``budget="min"``, ``if_infeasible="smallest"``), and for a language model whose loss
