@@ -215,9 +215,22 @@ def dynamo_export(model: torch.nn.Module, args: tuple, kwargs: dict, ignore_logg
     patch = dynamo_config.patch(
         ignore_logging_functions=set(dynamo_config.ignore_logging_functions) | set(ignore_logging), **limits,
         **static)
+    # export overrides the config's assume_static_by_default with its own argument (default False:
+    # every input size symbolic), so it is passed here too; sympy's reasoning about symbolic window
+    # sizes is most of a Swin Transformer's export time
+    static_arg = {"assume_static_by_default": True} if _accepts(torch._dynamo.export, "assume_static_by_default") else {}
     with patch:
-        gm, _guards = torch._dynamo.export(model, aten_graph=False)(*args, **kwargs)
+        gm, _guards = torch._dynamo.export(model, aten_graph=False, **static_arg)(*args, **kwargs)
     return gm
+
+
+def _accepts(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def aot_backend(fw_compiler, bw_compiler=None):
