@@ -18,7 +18,7 @@ costing, later rows read the cache (the table says which); ``--fresh`` starts ea
 empty cache, as on a machine that has not costed it before.  The deep networks are
 `DEEP`'s configurations (``gpt2-96``: transformers' GPT-2 with 96 layers, hidden 256, 2 x 256
 tokens; ``gpt2-small``: GPT-2 small's size, 12 layers, hidden 768, 2 x 512 tokens, vocab 50257;
-``resnet50-b16``: torchvision's ResNet-50 at batch 16, 3x128x128; ``densenet121``: at batch 2,
+``resnet50-b16``: torchvision's ResNet-50 at batch 16, 3x128x128; ``densenet121`` and ``swin_t``: at batch 2,
 3x64x64), held against ``2 x T`` for the whole call (column "within 2T").
 
 Each model runs in a process of its own (Dynamo's caches and the allocator start clean).  Prints
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEEP = {"gpt2-96": ("depth", ("gpt2", 96)), "llama-96": ("depth", ("llama", 96)), "bert-96": ("depth", ("bert", 96)),
         "gpt2-48": ("depth", ("gpt2", 48)), "gpt2-small": ("depth", ("gpt2", 12, 768, 512, 2, 50257)),
         "resnet50-b16": ("torchvision", ("resnet50", 16, 128)),
-        "densenet121": ("torchvision", ("densenet121", 2, 64))}
+        "densenet121": ("torchvision", ("densenet121", 2, 64)), "swin_t": ("torchvision", ("swin_t", 2, 64))}
 
 
 def build_deep(name: str):

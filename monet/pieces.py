@@ -216,21 +216,26 @@ def held_outside(pieces: list[Piece], k: int, tensors: dict, inputs: ExampleInpu
 class PiecewiseModule(nn.Module):
     """The model trained piece by piece: called as the model (``target=`` too, with a loss), it runs
     the compiled module whose pieces run their schedules and whose code between them runs eagerly.
+    Its parameters and ``state_dict`` keys are the model's.
 
     Attributes:
         module: the model (or its `WithLoss`).
-        pieces: the `Piece`\\ s in the order Dynamo compiled them.
+        pieces: the pieces in the order Dynamo compiled them.
         solutions: the `Solution` of each scheduled piece, in that order.
-        budget_bytes: the one budget they share.
+        budget_bytes: the one budget they share; predicted_peak_bytes: the step's predicted peak;
+        eager_peak_bytes: plain PyTorch's, composed from the pieces' (`optimize_pieces`).
     """
 
-    def __init__(self, module: nn.Module, compiled, backend: Pieces, solutions: list, budget_bytes: int):
+    def __init__(self, module: nn.Module, compiled, backend: Pieces, solutions: list, budget_bytes: int,
+                 predicted_peak_bytes: int, eager_peak_bytes: int):
         super().__init__()
         self.module = module
         self._compiled = compiled
         self._backend = backend
         self.solutions = solutions
         self.budget_bytes = budget_bytes
+        self.predicted_peak_bytes = predicted_peak_bytes
+        self.eager_peak_bytes = eager_peak_bytes
 
     @property
     def pieces(self) -> list[Piece]:
@@ -238,6 +243,13 @@ class PiecewiseModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self._compiled(*args, **kwargs)
+
+    # the model's keys, as `MONeTWrapper`'s: checkpoints load into the model as it is
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def _kept_bytes(plan, schedule) -> int:
@@ -265,12 +277,90 @@ def describe_breaks(backend: Pieces, reasons: dict[str, int]) -> list[str]:
     return lines
 
 
+#: schedules each piece offers the split (`monet.solver.split`): at its smallest feasible budget, at
+#: the most it can have beside the rest, and evenly between
+LEVELS = 4
+
+
+def _options(plan, least: int, most: int, share: float, solving: dict) -> list:
+    """``plan``'s schedules at `LEVELS` budgets from ``least`` to ``most`` bytes, ``share`` seconds
+    each, as `monet.solver.split.Option` objects (``ref``: the `Solution`); a budget that fits none is
+    left out."""
+    from monet.solver.ilp import InfeasibleBudgetError
+    from monet.solver.split import Option
+
+    budgets = sorted({int(least + (most - least) * i / (LEVELS - 1)) for i in range(LEVELS)}) if most > least \
+        else [least] if most == least else []
+    out = []
+    for b in budgets:
+        try:
+            sol = plan.solve(b, time_limit=share, **solving)
+        except InfeasibleBudgetError:
+            continue
+        out.append(Option(sol.meta.predicted_peak_bytes, _kept_bytes(plan, sol.schedule), sol.meta.objective_s, sol))
+    return out
+
+
+def _piece_infeasible(piece: Piece, budget_bytes: int, held: int, least: int, mode: str):
+    """The `InfeasibleBudgetError` of a piece that fits no schedule beside the ``held`` bytes."""
+    from monet.solver.ilp import InfeasibleBudgetError
+    from monet.terms import fmt_size
+
+    need = held + least
+    error = InfeasibleBudgetError(budget_bytes, need, mode, exact=False)
+    error.args = (f"no schedule fits a budget of {budget_bytes} bytes ({fmt_size(budget_bytes)}) in mode {mode}: "
+                  f"piece {piece.index + 1} of the model ({piece.where}) needs {fmt_size(least)} at its smallest "
+                  f"beside the {fmt_size(held)} the rest of the step holds then (parameters it does not read, what "
+                  f"the earlier pieces keep at their smallest): give budget={need} or more",)
+    return error
+
+
+def solve_pieces(trainable: list[Piece], plans: list, fixed: list[int], budget_bytes: int, time_limit: float, options,
+                 bar) -> tuple[list, int]:
+    """Solve the trainable pieces under ``budget_bytes`` together (Note [Pieces under one budget]):
+    each offers `LEVELS` schedules (`_options`, uncalibrated, ``time_limit`` seconds shared among
+    all the solves), `monet.solver.split.split` picks one per piece, and each piece's ``runner``
+    becomes its wrapper.  ``fixed[k]``: the bytes held beside piece k that no schedule changes
+    (`held_outside` with nothing kept, and the reserved bytes).  Returns (the solutions in
+    the pieces' order, the predicted peak of the step in bytes).
+
+    Raises:
+        monet.solver.ilp.InfeasibleBudgetError: a piece fits no schedule beside what is held then.
+    """
+    from monet.solver.smallest import min_budget
+    from monet.solver.split import split
+    from monet.terms import fmt_size
+
+    share = max(time_limit / (LEVELS * len(plans)), 1.0)
+    solving = {**options.solving(), "if_infeasible": "raise", "calibrate": False, "reserved_bytes": 0,
+               "optimizer": None, "accumulate_grads": False}
+    least = [min_budget(plan.graph, plan.costs, plan.mode_for(options.mode), options.solver, share, plan.device,
+                        plan.cost_fn)[0] for plan in plans]
+    offered = []
+    for k, plan in enumerate(plans):
+        plan.progress = False  # one line per piece below, not one per solve
+        offered.append(_options(plan, least[k], min(plan.eager_peak_bytes, budget_bytes - fixed[k]), share, solving))
+        if offered[-1]:
+            bar.log(f"piece {trainable[k].index + 1} ({trainable[k].where}): {len(offered[-1])} schedules, predicted "
+                    f"overhead {', '.join(f'{100 * o.ref.meta.predicted_overhead():+.1f} %' for o in offered[-1])}")
+    chosen = split(fixed, offered, budget_bytes)
+    if chosen.failed is not None:
+        k = chosen.failed
+        held = fixed[k] + sum(min((o.kept for o in opts), default=0) for opts in offered[:k])
+        raise _piece_infeasible(trainable[k], budget_bytes, held, least[k], options.mode)
+    solutions = [offered[k][i].ref for k, i in enumerate(chosen.picks)]
+    for piece, plan, sol in zip(trainable, plans, solutions):
+        piece.runner = plan.wrap(sol)
+        bar.log(f"piece {piece.index + 1}: predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}, overhead "
+                f"{100 * sol.meta.predicted_overhead():+.1f} %")
+    return solutions, chosen.peak
+
+
 def optimize_pieces(module: nn.Module, inputs: ExampleInputs, budget, *, prepare, time_limit: float, options,
-                    bar) -> PiecewiseModule:
+                    reserved: int, bar) -> PiecewiseModule:
     """`monet.optimize` for a model Dynamo traces in pieces: find the pieces (`find`), capture and
     cost each that trains (``prepare``: `monet.plan.prepare`, passed in by `monet.optimize`), solve
-    them in order under one budget (Note [Pieces under one budget]), each in ``time_limit`` divided
-    among them, and run the compiled module with their schedules.
+    them under one budget (`solve_pieces`), and run the compiled module with their schedules.
 
     Args:
         module: the module trained (the model, or its `WithLoss`); not modified.
@@ -278,6 +368,10 @@ def optimize_pieces(module: nn.Module, inputs: ExampleInputs, budget, *, prepare
             value takes the example batch's way).
         budget: bytes, ``"6GB"`` or a percentage of plain PyTorch's peak of the whole step, composed
             from the pieces' simulated peaks and what the rest of the step holds beside each.
+        time_limit: seconds for the smallest-budget searches and the solves, shared among the
+            pieces that train.
+        reserved: bytes held beside the whole step (the optimizer's state, accumulated gradients,
+            ``reserved_bytes``: `monet.plan.Plan.solve`'s), taken out of the budget.
         options: the `monet.options.Options` of the call; ``bar``: its `monet.progress.Progress`.
 
     Returns:
@@ -289,8 +383,6 @@ def optimize_pieces(module: nn.Module, inputs: ExampleInputs, budget, *, prepare
             the message names the piece and the budget it needed.
     """
     from monet.solver.budget import parse_budget
-    from monet.solver.ilp import InfeasibleBudgetError
-    from monet.solver.smallest import min_budget
     from monet.terms import fmt_size
 
     if budget is None or (isinstance(budget, str) and budget.strip().lower() == "min"):
@@ -307,57 +399,16 @@ def optimize_pieces(module: nn.Module, inputs: ExampleInputs, budget, *, prepare
         warnings.filterwarnings("ignore", message=".*hold no scalar loss", category=MonetWarning)
         plans = [prepare(p.module, ExampleInputs(p.example, {}), progress=bar,
                          **{**options.capture_and_costs(), "lm_loss": None}) for p in trainable]
-    tensors = backend.tensors
     plain = [_plain_kept(plan) for plan in plans]
-    eager = max(held_outside(trainable, k, tensors, inputs, plain) + plan.eager_peak_bytes
-                for k, plan in enumerate(plans))
+    eager = max(held_outside(trainable, k, backend.tensors, inputs, plain) + plan.eager_peak_bytes
+                for k, plan in enumerate(plans)) + reserved
     budget_bytes = parse_budget(budget, eager)
     bar.log(f"plain PyTorch's peak of the step, composed from its {len(plans)} scheduled pieces: {fmt_size(eager)}; "
             f"budget {fmt_size(budget_bytes)}")
-    share = max(time_limit / len(plans), 1.0)
-    solving = options.solving()
-    mode = options.mode
-    least = [min_budget(plan.graph, plan.costs, plan.mode_for(mode), options.solver, share, plan.device,
-                        plan.cost_fn)[0] for plan in plans]
-    kept: list[int] = []
-    solutions = []
-    peak = 0
-    for k, (piece, plan) in enumerate(zip(trainable, plans)):
-        held = held_outside(trainable, k, tensors, inputs, kept)
-        # what each later piece needs at its smallest, beside what is held then (this piece's
-        # parameters among it): this piece keeps no more than leaves that
-        ahead = max([held_outside(trainable, m, tensors, inputs, kept + [0] * (m - k)) + least[m]
-                     for m in range(k + 1, len(plans))], default=0)
-        sol = None
-        for reserve in dict.fromkeys((max(held, ahead), held)):
-            if reserve + least[k] > budget_bytes:
-                continue
-            try:
-                sol = plan.solve(budget_bytes, time_limit=share, progress=bar,
-                                 **{**solving, "reserved_bytes": solving["reserved_bytes"] + reserve})
-                break
-            except InfeasibleBudgetError:
-                continue
-        if sol is None:
-            need = held + least[k] + solving["reserved_bytes"]
-            error = InfeasibleBudgetError(budget_bytes, need, mode, exact=False)
-            error.args = (f"no schedule fits a budget of {budget_bytes} bytes ({fmt_size(budget_bytes)}) in mode "
-                          f"{mode}: piece {piece.index + 1} of the model ({piece.where}) needs {fmt_size(least[k])} "
-                          f"at its smallest beside the {fmt_size(held)} the rest of the step holds then (parameters "
-                          f"it does not read, what the earlier pieces keep): give budget={need} or more",)
-            raise error
-        kept.append(_kept_bytes(plan, sol.schedule))
-        peak = max(peak, held + sol.meta.predicted_peak_bytes)
-        piece.runner = plan.wrap(sol)
-        solutions.append(sol)
-        bar.log(f"piece {piece.index + 1} ({piece.where}): predicted peak {fmt_size(sol.meta.predicted_peak_bytes)} "
-                f"beside {fmt_size(held)} held by the rest of the step; it keeps {fmt_size(kept[-1])} for its backward")
+    fixed = [held_outside(trainable, k, backend.tensors, inputs, [0] * len(plans)) + reserved for k in range(len(plans))]
+    solutions, peak = solve_pieces(trainable, plans, fixed, budget_bytes, time_limit, options, bar)
     bar.log(f"predicted peak of the step {fmt_size(peak)} (budget {fmt_size(budget_bytes)})")
-    wrapped = PiecewiseModule(module, compiled, backend, solutions, budget_bytes)
-    wrapped.predicted_peak_bytes = peak
-    wrapped.eager_peak_bytes = eager
-    return wrapped
-
+    return PiecewiseModule(module, compiled, backend, solutions, budget_bytes, peak, eager)
 
 __all__ = ["Piece", "PieceModule", "Pieces", "PiecewiseModule", "describe_breaks", "find", "graph_break_reasons", "held_outside",
-           "optimize_pieces"]
+           "optimize_pieces", "solve_pieces"]

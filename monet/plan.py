@@ -163,8 +163,12 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
                            **own.capture_and_costs())
         except GraphBreakError as e:
             bar.log(f"{e}; training it in pieces, as torch.compile runs it")
-            return optimize_pieces(*_training_module(model, example_inputs, loss_fn, target), budget, prepare=prepare,
-                                   time_limit=time_limit, options=own, bar=bar)
+            module, inputs = _training_module(model, example_inputs, loss_fn, target)
+            params = sum(p.untyped_storage().nbytes() for p in module.parameters())
+            reserved = (optimizer_state_bytes(params, opts.optimizer) + (params if opts.accumulate_grads else 0)
+                        + int(opts.reserved_bytes))
+            return optimize_pieces(module, inputs, budget, prepare=prepare, time_limit=time_limit, options=own,
+                                   reserved=reserved, bar=bar)
         elapsed = time.perf_counter() - start
         limit = solve_limit(time_limit, elapsed)
         if limit < time_limit:

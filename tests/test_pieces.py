@@ -65,6 +65,7 @@ def test_a_model_that_prints_reads_a_value_and_branches_trains_in_pieces(capsys)
     assert "mean activation" in capsys.readouterr().out  # the eager code between the pieces ran
     assert sum(p.trainable for p in wrapped.pieces) == len(wrapped.solutions) == 2
     assert [s.meta.budget_bytes < wrapped.budget_bytes for s in wrapped.solutions] == [True, True]
+    assert wrapped.state_dict().keys() == Chatty().state_dict().keys()
 
 
 def test_the_log_names_each_graph_break_and_piece():
