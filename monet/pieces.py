@@ -301,6 +301,11 @@ def _options(plan, least: int, most: int, share: float, solving: dict) -> list:
     return out
 
 
+def _overhead(sol) -> str:
+    overhead = sol.meta.predicted_overhead()
+    return "-" if overhead is None else f"{100 * overhead:+.1f} %"
+
+
 def _piece_infeasible(piece: Piece, budget_bytes: int, held: int, least: int, mode: str):
     """The `InfeasibleBudgetError` of a piece that fits no schedule beside the ``held`` bytes."""
     from monet.solver.ilp import InfeasibleBudgetError
@@ -342,7 +347,7 @@ def solve_pieces(trainable: list[Piece], plans: list, fixed: list[int], budget_b
         offered.append(_options(plan, least[k], min(plan.eager_peak_bytes, budget_bytes - fixed[k]), share, solving))
         if offered[-1]:
             bar.log(f"piece {trainable[k].index + 1} ({trainable[k].where}): {len(offered[-1])} schedules, predicted "
-                    f"overhead {', '.join(f'{100 * o.ref.meta.predicted_overhead():+.1f} %' for o in offered[-1])}")
+                    f"overhead {', '.join(_overhead(o.ref) for o in offered[-1])}")
     chosen = split(fixed, offered, budget_bytes)
     if chosen.failed is not None:
         k = chosen.failed
@@ -352,7 +357,7 @@ def solve_pieces(trainable: list[Piece], plans: list, fixed: list[int], budget_b
     for piece, plan, sol in zip(trainable, plans, solutions):
         piece.runner = plan.wrap(sol)
         bar.log(f"piece {piece.index + 1}: predicted peak {fmt_size(sol.meta.predicted_peak_bytes)}, overhead "
-                f"{100 * sol.meta.predicted_overhead():+.1f} %")
+                f"{_overhead(sol)}")
     return solutions, chosen.peak
 
 

@@ -260,9 +260,10 @@ class Plan:
         solved again with it, the faster kept: `monet.profiling.calibration.calibrated_solve`);
         where the timing would not fit in the rest (`monet.profiling.calibration.timing_fits`),
         it is not timed and the solver gets the whole limit (said in the log).  ``progress``: the
-        bar of the call under way (None: one of its own, if the plan shows progress)."""
-        own = progress is None
-        bar = Progress(self.progress, phases=("solve", "calibration", "measure")) if own else progress
+        bar of the call under way, or True/False (None: one of its own, if the plan shows progress)."""
+        own = not isinstance(progress, Progress)
+        shown = self.progress if progress is None else bool(progress)
+        bar = Progress(shown, phases=("solve", "calibration", "measure")) if own else progress
         self.bar = bar
         try:
             return self._solve(budget, mode, time_limit, optimizer, solver, gap, if_infeasible, accumulate_grads,

@@ -363,16 +363,24 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     return S, R, float(recompute_s @ R.sum(axis=0))
 
 
-#: the rungs of `ladder`, as multiples of the budget, from the top
+#: the rungs of `ladder`, from the top: rung r is at budget + (r - 1) x min(budget, keep-all peak -
+#: budget), so r x the budget where keeping everything needs more than twice the budget, and a
+#: fraction of the way up to keeping everything where the budget is near it
 LADDER_RUNGS = (1.5, 1.3)
+
+
+def rung_budgets(budget: float, highest: float, rungs=LADDER_RUNGS) -> list[float]:
+    """The budgets (bytes) of `ladder`'s rungs for ``budget`` under a keep-all peak of ``highest``
+    bytes (see `LADDER_RUNGS`), from the top; none where keeping everything fits ``budget``."""
+    room = min(budget, highest - budget)
+    return [budget + (r - 1) * room for r in rungs] if room > 0 else []
 
 
 def ladder(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float, recompute_s: np.ndarray,
            deadline: float | None = None, rungs=LADDER_RUNGS) -> list:
     """Schedules that fit ``budget`` bytes, reached down a ladder of budgets: from keep-everything,
-    at each rung (``rungs`` x ``budget``, descending; those that keeping everything fits are left
-    out) `drop_greedily` to the rung and `improve` there; from each rung, `drop_greedily` on to
-    ``budget`` (the caller improves what it keeps).
+    at each rung (`rung_budgets`, descending) `drop_greedily` to the rung and `improve` there; from
+    each rung, `drop_greedily` on to ``budget`` (the caller improves what it keeps).
     Returns a list of (S (T, G), R (T, N), recompute seconds), one per rung the greedy gets down
     from (maybe none).
 
@@ -383,15 +391,12 @@ def ladder(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget: float,
     """
     until = float("inf") if deadline is None else deadline
     top = repair(graph, mem, allow_s, allow_s)
-    highest = mem.peak(*top)
     found = []
-    for rung in rungs:
-        if rung * budget >= highest:  # keeping everything fits the rung: the greedy from there is the plain one
-            continue
-        step = drop_greedily(graph, mem, allow_s, rung * budget, recompute_s, deadline, start=top)
+    for rung in rung_budgets(budget, mem.peak(*top), rungs):
+        step = drop_greedily(graph, mem, allow_s, rung, recompute_s, deadline, start=top)
         if step is None:
             break
-        top = improve(graph, mem, step[0], step[1], rung * budget, recompute_s, allow_s, until)[:2]
+        top = improve(graph, mem, step[0], step[1], rung, recompute_s, allow_s, until)[:2]
         down = drop_greedily(graph, mem, allow_s, budget, recompute_s, deadline, start=top)
         if down is not None:
             found.append(down)

@@ -59,8 +59,8 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
         cands = [c for c in cands if c[2] <= budget]
         # and those that drop values only where memory is short: the greedy
         # (`solver.repair.drop_greedily`) and the window knapsack (`solver.windows`), each run
-        # whole below `ALWAYS_BUILT_CELLS`, else in at most a fifth of the time; and below it, where
-        # the greedy gets stuck, the greedy down a ladder of budgets (`solver.repair.ladder`): at
+        # whole below `ALWAYS_BUILT_CELLS`, else in at most a fifth of the time; and where the
+        # greedy gets stuck, the greedy down a ladder of budgets (`solver.repair.ladder`), likewise: at
         # tight budgets theirs are the starts the others are far from (docs/design.md, "Note
         # [Search at tight budgets]")
         limited = bounded(deadline, allow_s)
@@ -69,8 +69,8 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
             return time.perf_counter() + 0.2 * (deadline - time.perf_counter()) if limited else None
         found = [drop_greedily(graph, mem, allow_s, budget, recompute_s, share()),
                  drop_windows(graph, mem, allow_s, budget, recompute_s, share())]
-        if found[0] is None and not limited:  # the greedy got stuck: walk it down (`ladder`)
-            found += ladder(graph, mem, allow_s, budget, recompute_s)
+        if found[0] is None:  # the greedy got stuck: walk it down (`ladder`)
+            found += ladder(graph, mem, allow_s, budget, recompute_s, share())
         cands += [(S, R, mem.peak(S, R), cost) for S, R, cost in (f for f in found if f is not None)]
         cands.sort(key=lambda c: c[3])
     if not cands and not near:

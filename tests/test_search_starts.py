@@ -8,7 +8,7 @@ import pytest
 
 from monet.solver.finish import eager_peak, memory_model
 from monet.solver.formulation import allowed
-from monet.solver.repair import LADDER_RUNGS, drop_greedily, ladder, repair
+from monet.solver.repair import LADDER_RUNGS, drop_greedily, ladder, repair, rung_budgets
 from monet.solver.search import search
 from synthetic import blocks, chain, costs_of, joint_graph
 
@@ -88,6 +88,15 @@ def test_the_ladder_fits_the_budget_with_valid_schedules(share):
     if greedy is not None:
         _fits_and_costs(graph, mem, allow_s, costs, budget, greedy)
     assert found or greedy is not None
+
+
+def test_the_rungs_stay_below_keeping_everything():
+    # far from keeping everything: multiples of the budget
+    assert rung_budgets(100.0, 400.0) == pytest.approx([r * 100.0 for r in LADDER_RUNGS])
+    # near it (a budget at 95 % of the keep-all peak): part of the way up, every rung under it
+    near = rung_budgets(95.0, 100.0)
+    assert near == sorted(near, reverse=True) and all(95.0 < b < 100.0 for b in near)
+    assert rung_budgets(100.0, 100.0) == [] and rung_budgets(120.0, 100.0) == []
 
 
 def test_a_start_the_greedy_cannot_reach_is_refused_not_returned_over_budget():
