@@ -156,10 +156,10 @@ class Pieces:
 def graph_break_reasons() -> dict[str, int]:
     """Dynamo's graph-break reasons so far (the first line of each and its explanation) and how often
     each happened."""
-    from torch._dynamo.utils import counters
+    from monet.compat import graph_break_counts
 
     reasons: dict[str, int] = {}
-    for text, count in counters["graph_break"].items():
+    for text, count in graph_break_counts().items():
         lines = [line.strip() for line in text.strip().splitlines() if line.strip()] or ["?"]
         line = lines[0] + "".join(f": {x.removeprefix('Explanation:').strip()}" for x in lines[1:2]
                                   if x.startswith("Explanation:"))

@@ -42,7 +42,7 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     search's schedule, it is taken (its ILP peak then exceeds the budget); and where the simulator
     puts the schedule below its ILP memory, part of the time (`SLACK_SHARE`; all of it when a
     simulated block-level candidate beats every one the ILP fits) searches that slack
-    (`_improve_in_simulated_slack`).  At the peak
+    (`improve_in_simulated_slack`).  At the peak
     transformers' per-block checkpointing measured on a 24-layer Llama, the ILP's memory put
     monet's per-block checkpointing 1.3 % over and the search paid +93 % instead of +19 %.
 
@@ -85,7 +85,7 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     # a descent from each candidate (cheapest first) in 40 % of the time, then an iterated
     # local search from the best (`solver.repair.improve`); where the simulator's peak of the best
     # sits below its ILP memory, both in 1 - SLACK_SHARE of the time and a search in that slack
-    # (`_improve_in_simulated_slack`) in the rest
+    # (`improve_in_simulated_slack`) in the rest
     # (when a block-level schedule the simulator fits is cheaper than every candidate the ILP's
     # memory fits, a 24-layer BERT's +43 % against +1,000 %, that slack gets all the time)
     share = 1.0 if not peak_of else 0.0 if near and (not cands or near[0][3] < cost) else 1.0 - SLACK_SHARE
@@ -113,7 +113,7 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     if near and near[0][3] < cost:
         S, R, _, cost = near[0]
     if slack is not None:
-        S, R, cost = _improve_in_simulated_slack(graph, mem, S, R, cost, budget, recompute_s, allow_s, deadline,
+        S, R, cost = improve_in_simulated_slack(graph, mem, S, R, cost, budget, recompute_s, allow_s, deadline,
                                                  peak_of, slack)
     return S, R, cost, mem.peak(S, R)
 
@@ -135,7 +135,7 @@ def _simulated_slack(mem: MemoryModel, S, R, budget: float, peak_of) -> tuple[fl
     return mem.peak(S, R) - simulated, simulated, time.perf_counter() - t0
 
 
-def _improve_in_simulated_slack(graph: OpGraph, mem: MemoryModel, S, R, cost: float, budget: float, recompute_s,
+def improve_in_simulated_slack(graph: OpGraph, mem: MemoryModel, S, R, cost: float, budget: float, recompute_s,
                                 allow_s, deadline: float, peak_of, slack: tuple | None = None):
     """``(S, R, seconds)``: the schedule (S (T, G), R (T, N)) that recomputes ``cost`` seconds, or
     a cheaper one that the simulator (``peak_of``) fits in ``budget`` bytes.

@@ -20,6 +20,7 @@ from monet.solver.formulation import allowed
 from monet.solver.ilp import InfeasibleBudgetError, solve_min_budget
 from monet.solver.offload import check_offload
 from monet.solver.repair import repaired_candidates
+from monet.solver.search import improve_in_simulated_slack
 from monet.solver.finish import eager_peak, finish_solution, memory_model, simulated_peak_fn
 from monet.solver.structured import lower_hull, structured_candidates
 from monet.terms import fmt_size
@@ -34,14 +35,44 @@ def smallest_schedule(graph: OpGraph, costs: CostArrays, budget: int, info, mode
     Raises:
         InfeasibleBudgetError: it does not fit; names the smallest budget found and the LP's bound.
     """
+    t0 = time.perf_counter()
     least, proven, g, c, S, R, lower = _smallest(graph, costs, mode, solver, time_limit, device, cost_fn)
     if least > budget:
         raise InfeasibleBudgetError(budget, least, mode, exact=proven, lower_bytes=lower) from None
+    if g is graph and mode_tokens(mode) <= {"inplace"}:
+        S, R = descended(g, c, S, R, budget, max(time_limit - (time.perf_counter() - t0), DESCENT_SHARE * time_limit))
     return finish_solution(g, c, S, R, budget=budget, mode=mode, status="heuristic",
                            solver=solver.upper() + "+min-budget",
                            objective_s=float(c.total_time + c.fwd_recompute @ R.sum(axis=0)), bound_s=None, gap=None,
                            solve_time_s=0.0, info=info, eager=ref["eager"],
                            eager_time=ref["eager_time"])
+
+
+#: the least share of `smallest_schedule`'s time limit its descent gets after the search
+DESCENT_SHARE = 0.1
+
+
+def descended(graph: OpGraph, costs: CostArrays, S: np.ndarray, R: np.ndarray, budget: int,
+              seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest-budget schedule (S (T, N), R (T, N) bool) with less recomputation where
+    ``budget`` bytes allow it, for at most ``seconds``: `solver.search.improve_in_simulated_slack`,
+    descents in the ILP's memory raised by what it over-counts, each result held to the budget by
+    the simulator.
+
+    Why: the search minimises memory, not time, so its schedule recomputes whatever frees a byte,
+    and a budget a little above the smallest one, where the search finds nothing of its own, fell
+    back to it whole (docs/design.md, "Note [Search at tight budgets]")."""
+    if seconds <= 0:
+        return S, R
+    mem = memory_model(graph, costs)
+    allow_s = allowed(mem, "normal")[2]
+    groups = mem.node_to_group(S) & allow_s
+    cost = float(costs.fwd_recompute @ R.sum(axis=0))
+    # in the simulator's slack: the ILP's memory over-counts this schedule's peak, and near the
+    # smallest budget by more than the budget leaves
+    groups, R, _ = improve_in_simulated_slack(graph, mem, groups, R, cost, budget, costs.fwd_recompute, allow_s,
+                                              time.perf_counter() + seconds, simulated_peak_fn(graph, costs, mem))
+    return mem.group_to_node(groups), R
 
 
 def _search_key(mode: str, solver: str, device: str, costs: CostArrays, cost_fn, offload_bandwidth) -> tuple:

@@ -136,10 +136,12 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
             if note and progress is not None:
                 progress("  " + note)
         if kept and budget == least:
-            # kept from an earlier call (one that found its budget infeasible): its schedule, at once
+            # kept from an earlier call (one that found its budget infeasible): its schedule, with
+            # what the time limit leaves for a descent from it (`solver.smallest.descended`)
             if progress is not None:
                 progress(f"  the smallest feasible budget found before: {least} bytes; its schedule")
-            return smallest_schedule(graph, costs, least, info, mode, solver, 0.0, device, cost_fn, ref)
+            return smallest_schedule(graph, costs, least, info, mode, solver,
+                                     max(deadline.left(), SEARCH_SHARE * deadline.limit_s), device, cost_fn, ref)
     elif budget is None:
         budget = eager_peak(graph, costs)
     if mode == "none":

@@ -337,7 +337,7 @@ def test_the_search_takes_what_the_ilps_over_count_hides(stack):
     checkpointing saves), the search given it returns a schedule that recomputes less than the
     best the ILP's count allows at per-block checkpointing's peak, and that the simulator fits;
     with a simulator that agrees with the ILP, it returns what it was given."""
-    from monet.solver.search import _improve_in_simulated_slack
+    from monet.solver.search import improve_in_simulated_slack
     from monet.solver.repair import improve
 
     _, _, graph, costs = stack
@@ -354,10 +354,10 @@ def test_the_search_takes_what_the_ilps_over_count_hides(stack):
     def lower(S_, R_):
         return mem.peak(S_, R_) - slack
 
-    S2, R2, c2 = _improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
+    S2, R2, c2 = improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
                                              time.perf_counter() + 3, lower)
     assert c2 < cost and lower(S2, R2) <= budget
-    same = _improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
+    same = improve_in_simulated_slack(graph, mem, S, R, cost, budget, costs.fwd_recompute, allow_s,
                                        time.perf_counter() + 3, mem.peak)
     assert same[2] == cost and (same[0] == S).all()
 

@@ -224,6 +224,14 @@ def dynamo_export(model: torch.nn.Module, args: tuple, kwargs: dict, ignore_logg
     return gm
 
 
+def graph_break_counts() -> dict[str, int]:
+    """Dynamo's graph breaks in this process so far: each reason's text and how often it was hit
+    (``torch._dynamo.utils.counters["graph_break"]``, the same in 2.11-2.15)."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
 def _accepts(fn, name: str) -> bool:
     import inspect
 
@@ -290,4 +298,4 @@ def real_tensors():
     return unset_fake_temporarily()
 
 
-__all__ = ["dynamo_backend", "dynamo_recompile_limit", "SUPPORTED", "torch_version", "check_version", "aot_module", "eager_backward_autocast", "lazy_graph_modules", "lazy_graph_module", "boxed_function", "boxed_codegen", "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents", "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "aot_backend", "forget_code", "detect_fake_mode", "fake_tensor_on", "is_fake", "fake_mode", "real_tensors"]
+__all__ = ["dynamo_backend", "dynamo_recompile_limit", "SUPPORTED", "torch_version", "check_version", "aot_module", "eager_backward_autocast", "lazy_graph_modules", "lazy_graph_module", "boxed_function", "boxed_codegen", "forward_outputs", "saved_for_backward_descs", "extract_subgraph", "primals_and_tangents", "NO_VERSION_CHECK", "activation_memory_budget", "is_compiled_module", "dynamo_export", "graph_break_counts", "aot_backend", "forget_code", "detect_fake_mode", "fake_tensor_on", "is_fake", "fake_mode", "real_tensors"]
