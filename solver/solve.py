@@ -40,7 +40,7 @@ from monet.solver.offload import check_offload
 from monet.solver.portfolio import solve_full
 from monet.solver.rounding import solve_rounding
 from monet.solver.finish import eager_peak, keep_all_matrices, memory_model  # noqa: F401
-from monet.solver.smallest import (KNEE_PRICE, _smallest, frontier, knee, min_budget, min_budget_lower, searched,  # noqa: F401
+from monet.solver.smallest import (DESCENT_SHARE, KNEE_PRICE, _smallest, frontier, knee, min_budget, min_budget_lower, searched,  # noqa: F401
                                    smallest_schedule)
 
 # The normal-mode peers by name, for comparisons on the same inputs (`benchmarks/bench_solver.py
@@ -137,11 +137,12 @@ def solve(graph: OpGraph, costs: CostArrays, budget: int | None, mode: str = "no
                 progress("  " + note)
         if kept and budget == least:
             # kept from an earlier call (one that found its budget infeasible): its schedule, with
-            # what the time limit leaves for a descent from it (`solver.smallest.descended`)
+            # what the time limit leaves, or at least DESCENT_SHARE of it, for a descent from it
+            # (`solver.smallest.descended`)
             if progress is not None:
                 progress(f"  the smallest feasible budget found before: {least} bytes; its schedule")
             return smallest_schedule(graph, costs, least, info, mode, solver,
-                                     max(deadline.left(), SEARCH_SHARE * deadline.limit_s), device, cost_fn, ref)
+                                     max(deadline.left(), DESCENT_SHARE * deadline.limit_s), device, cost_fn, ref)
     elif budget is None:
         budget = eager_peak(graph, costs)
     if mode == "none":
