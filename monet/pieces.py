@@ -346,7 +346,8 @@ def solve_pieces(trainable: list[Piece], plans: list, fixed: list[int], budget_b
         plan.progress = False  # one line per piece below, not one per solve
         offered.append(_options(plan, least[k], min(plan.eager_peak_bytes, budget_bytes - fixed[k]), share, solving))
         if offered[-1]:
-            bar.log(f"piece {trainable[k].index + 1} ({trainable[k].where}): {len(offered[-1])} schedules, predicted "
+            bar.log(f"piece {trainable[k].index + 1} ({trainable[k].where}): {len(offered[-1])} "
+                    f"schedule{'s' if len(offered[-1]) > 1 else ''}, predicted "
                     f"overhead {', '.join(_overhead(o.ref) for o in offered[-1])}")
     chosen = split(fixed, offered, budget_bytes)
     if chosen.failed is not None:
