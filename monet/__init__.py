@@ -22,9 +22,11 @@ _EXPORTS = {
     "SolutionFileError": "monet.errors",
     "AutocastMismatchError": "monet.errors",
     "CaptureError": "monet.frontend",
+    "GraphBreakError": "monet.frontend",
     "ShardedModelError": "monet.frontend",
     "MonetWarning": "monet.terms",
     "BucketedWrapper": "monet.buckets",
+    "PiecewiseModule": "monet.pieces",
 }
 
 __all__ = ["__version__", *_EXPORTS]

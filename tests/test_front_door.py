@@ -232,12 +232,12 @@ def test_the_api_and_its_errors_are_monets():
     """``import monet`` shows its API: the calls, the wrappers and every error type."""
     import monet
 
-    for name in ("optimize", "prepare", "MONeTWrapper", "WithLoss", "BucketedWrapper", "InfeasibleBudgetError",
-                 "SolutionMismatchError", "SolutionFileError", "CaptureError", "AutocastMismatchError",
-                 "MonetWarning"):
+    for name in ("optimize", "prepare", "MONeTWrapper", "WithLoss", "BucketedWrapper", "PiecewiseModule",
+                 "InfeasibleBudgetError", "SolutionMismatchError", "SolutionFileError", "CaptureError",
+                 "GraphBreakError", "AutocastMismatchError", "MonetWarning"):
         assert name in monet.__all__ and name in dir(monet)
         assert getattr(monet, name) is not None
-    assert issubclass(monet.InfeasibleBudgetError, ValueError)
+    assert issubclass(monet.InfeasibleBudgetError, ValueError) and issubclass(monet.GraphBreakError, monet.CaptureError)
     for fn in (monet.optimize, monet.MONeTWrapper, monet.MONeTWrapper.__init__, monet.MONeTWrapper.forward):
         assert fn.__doc__ and len(fn.__doc__) > 200, fn
 
