@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from monet.inputs import ExampleInputs
 from monet.profiling.dispatch import restored
 from monet.profiling.measure import step_peak
 from monet.solution import Solution
@@ -92,7 +93,7 @@ def compiled_peak(wrapper, module, inputs, autocast=None) -> int:
     ``module``; its first step compiles it) on ``inputs`` (`monet.profiling.measure.step_peak`),
     with ``module``'s parameters and gradients left as they were
     (`monet.profiling.dispatch.restored`): what `hold_budget`'s ``measure`` runs."""
-    with restored(module):
+    with restored(module, ExampleInputs.of(inputs)):
         return step_peak(wrapper, inputs, autocast=autocast)
 
 

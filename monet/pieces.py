@@ -181,7 +181,7 @@ def find(module: nn.Module, inputs: ExampleInputs):
     was = module.training
     module.train()
     try:
-        with restored(module), torch.enable_grad():
+        with restored(module, inputs), torch.enable_grad():
             compiled(*inputs.args, **inputs.kwargs)
     finally:
         module.train(was)

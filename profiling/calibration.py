@@ -189,7 +189,7 @@ def measure_schedule(model: nn.Module, inputs, graph, solution, keep: nn.Module,
     inputs = ExampleInputs.of(inputs)
     scheduled = timed_executor(model, solution, graph)
     amp = graph.autocast  # each forward pass under it (`monet.profiling.measure.training_step`)
-    with restored(model):
+    with restored(model, inputs):
         t0 = time.perf_counter()
         turns = warm_up((scheduled, keep, model), scheduled, inputs, repeats, WARMUP, amp)
         repeats = max(MIN_TURNS, turns) if repeats is None else turns

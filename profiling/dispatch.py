@@ -70,11 +70,14 @@ def timed_executor(model: nn.Module, solution, graph: OpGraph | None = None) -> 
 
 
 @contextlib.contextmanager
-def restored(model: nn.Module):
+def restored(model: nn.Module, inputs=None):
     """Run a block that trains ``model`` and leave it as it was: its buffers (batch-norm
-    statistics), its parameters' gradients and the global random state are restored."""
+    statistics), its parameters' gradients, the gradients of ``inputs``' tensors (an
+    `monet.inputs.ExampleInputs`; an input that requires a gradient gets one from each step) and
+    the global random state are restored."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    grads = [(p, p.grad) for p in model.parameters()]
+    leaves = [] if inputs is None else [t for t in inputs.leaves() if isinstance(t, torch.Tensor) and t.is_leaf]
+    grads = [(p, p.grad) for p in [*model.parameters(), *leaves]]
     try:
         with torch.random.fork_rng(devices=[]):
             yield
@@ -132,7 +135,7 @@ def measure_iterations(model: nn.Module, inputs, graph: OpGraph, table: pd.DataF
     chen_solution = solve_chen(graph, costs, 2**62, deadline=Deadline(0), info=info)
     chen = timed_executor(model, chen_solution, graph)
     amp = graph.autocast  # each forward pass under it, as the graph was captured (`measure.training_step`)
-    with restored(model):
+    with restored(model, inputs):
         # plain PyTorch warmed up too: a round without a discarded turn starts at its third iteration,
         # as the executors' (a 12-layer GPT-2 small's second plain iteration took 1.2x its later ones)
         warm_up((keep, chen, model), model, inputs, 1, max(warmup - 1, 0), amp)
@@ -274,7 +277,7 @@ def measure_variant(model: nn.Module, inputs, graph: OpGraph, table: pd.DataFram
     variant = keep_all(model, inputs, variant_graph, variant_table)
     base = keep_all(model, inputs, graph, table) if base is None else base
     amp = graph.autocast
-    with restored(model):
+    with restored(model, inputs):
         repeats = warm_up((variant, base), base, inputs, repeats, warmup, amp)
         times = interleaved_times_of((lambda: training_step(variant, inputs, autocast=amp),
                                       lambda: training_step(base, inputs, autocast=amp)), repeats, 0, "cpu")

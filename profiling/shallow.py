@@ -161,7 +161,7 @@ def plain_iteration_s(model: nn.Module, inputs, autocast=None, repeats: int = PL
     from monet.profiling.dispatch import restored
 
     inputs = ExampleInputs.of(inputs)
-    with restored(model):
+    with restored(model, inputs):
         (times,) = interleaved_times_of([lambda: training_step(model, inputs, autocast=autocast)], repeats,
                                         warmup, "cpu")
     return float(statistics.median(times))

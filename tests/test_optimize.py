@@ -55,19 +55,21 @@ def test_one_call_trains_as_pytorch_and_saves(batch, tmp_path):
     torch.manual_seed(0)
     model = UserNet()
     plain = WithLoss(copy.deepcopy(model), F.cross_entropy)
-    wrapped = monet.optimize(model, x, budget="min", loss_fn=F.cross_entropy, target=y, time_limit=5,
+    needs_grad = x.detach().clone().requires_grad_()  # the costs and the calibration train on it
+    wrapped = monet.optimize(model, needs_grad, budget="min", loss_fn=F.cross_entropy, target=y, time_limit=5,
                              progress=False, cache_dir=tmp_path / "costs")
+    assert needs_grad.grad is None  # left as it was given
     meta = wrapped.solution.meta  # the workspace is measured here: the plain peak may be the smallest
     assert wrapped.solution.schedule.recompute_count() > 0 or meta.budget_bytes == meta.eager_peak_bytes
     inputs = dict(target=y)
-    lw, gw = chk.train_losses(wrapped, ExampleInputs((x,), inputs))
-    lp, gp = chk.train_losses(plain, ExampleInputs((x,), inputs))
+    lw, gw = chk.train_losses(wrapped, ExampleInputs((needs_grad,), inputs))
+    lp, gp = chk.train_losses(plain, ExampleInputs((needs_grad,), inputs))
     assert all(torch.equal(a, b) for a, b in zip(lw, lp)) and all(torch.equal(gw[k], gp[k]) for k in gp)
     path = tmp_path / "usernet.monet"
     wrapped.solution.save(path)
     again = MONeTWrapper(WithLoss(copy.deepcopy(model), F.cross_entropy), path)
     assert again.solution == wrapped.solution
-    assert torch.isfinite(again(x, target=y))
+    assert torch.isfinite(again(needs_grad, target=y))
 
 
 def test_a_loss_solution_loads_back_on_the_model_alone(plan, batch, tmp_path):
