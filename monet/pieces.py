@@ -15,9 +15,9 @@ captures, costs and solves as any model.  The memory of the whole step (docs/des
 [Pieces under one budget]): while piece k runs, the rest of the step holds the parameters and
 buffers piece k does not read, the model's inputs it does not take, what the earlier pieces keep
 for their backward (their schedules' saved bytes) and, in its backward, the gradients of the later
-pieces' parameters (`held_outside`).  Piece k is solved with those bytes reserved, and, where
-that leaves room, also with what each later piece needs at its smallest feasible budget, so that
-an earlier piece does not keep what a later one must have.
+pieces' parameters (`held_outside`).  Each piece offers a few schedules, and
+`monet.solver.split.split` picks one per piece, the fastest set whose peaks fit the budget beside
+what is held then (`solve_pieces`).
 """
 from __future__ import annotations
 
