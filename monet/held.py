@@ -91,7 +91,7 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
 def compiled_peak(wrapper, module, inputs, autocast=None) -> int:
     """The peak in bytes of one training step of ``wrapper`` (a `monet.wrapper.MONeTWrapper` of
     ``module``; its first step compiles it) on ``inputs`` (`monet.profiling.measure.step_peak`),
-    with ``module``'s parameters and gradients left as they were
+    with ``module``'s parameters and gradients and the inputs' gradients left as they were
     (`monet.profiling.dispatch.restored`): what `hold_budget`'s ``measure`` runs."""
     with restored(module, ExampleInputs.of(inputs)):
         return step_peak(wrapper, inputs, autocast=autocast)

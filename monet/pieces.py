@@ -259,15 +259,6 @@ def _kept_bytes(plan, schedule) -> int:
     return schedule_peak(plan.graph, plan.costs, schedule).saved_bytes
 
 
-def _plain_kept(plan) -> int:
-    """What plain PyTorch's forward of ``plan``'s graph keeps for its backward, bytes."""
-    from monet.solver.finish import keep_all_matrices, schedule_from_matrices
-
-    schedule = schedule_from_matrices(plan.graph, *keep_all_matrices(plan.graph))
-    schedule.inplace = False
-    return _kept_bytes(plan, schedule)
-
-
 def describe_breaks(backend: Pieces, reasons: dict[str, int]) -> list[str]:
     """Log lines: each graph break's reason, then each piece, where it is and whether it is scheduled."""
     lines = [f"Dynamo broke the graph ({n} x): {why}" for why, n in reasons.items()]
@@ -389,6 +380,7 @@ def optimize_pieces(module: nn.Module, inputs: ExampleInputs, budget, *, prepare
             the message names the piece and the budget it needed.
     """
     from monet.solver.budget import parse_budget
+    from monet.solver.finish import eager_simulation
     from monet.terms import fmt_size
 
     if budget is None or (isinstance(budget, str) and budget.strip().lower() == "min"):
@@ -405,7 +397,7 @@ def optimize_pieces(module: nn.Module, inputs: ExampleInputs, budget, *, prepare
         warnings.filterwarnings("ignore", message=".*hold no scalar loss", category=MonetWarning)
         plans = [prepare(p.module, ExampleInputs(p.example, {}), progress=bar,
                          **{**options.capture_and_costs(), "lm_loss": None}) for p in trainable]
-    plain = [_plain_kept(plan) for plan in plans]
+    plain = [eager_simulation(plan.graph, plan.costs).saved_bytes for plan in plans]
     eager = max(held_outside(trainable, k, backend.tensors, inputs, plain) + plan.eager_peak_bytes
                 for k, plan in enumerate(plans)) + reserved
     budget_bytes = parse_budget(budget, eager)

@@ -68,6 +68,20 @@ def optimizer_state_bytes(param_bytes: int, optimizer: str | None) -> int:
     return OPTIMIZER_STATE[key] * int(param_bytes)
 
 
+def reserved_parts(param_bytes: int, optimizer: str | None, accumulate_grads: bool,
+                   reserved_bytes: int) -> tuple[int, int, int]:
+    """The bytes held beside a training step's schedule, by what holds them: (the optimizer's state,
+    `optimizer_state_bytes`; the accumulated gradients, ``param_bytes`` when ``accumulate_grads``;
+    ``reserved_bytes``).
+
+    Raises:
+        ValueError: negative ``reserved_bytes``; an unknown optimizer."""
+    if int(reserved_bytes) < 0:
+        raise ValueError(f"reserved_bytes must be >= 0, got {reserved_bytes}")
+    return (optimizer_state_bytes(param_bytes, optimizer), int(param_bytes) if accumulate_grads else 0,
+            int(reserved_bytes))
+
+
 def zero_gamma_batchnorms(model: nn.Module) -> list[str]:
     """Names of the BatchNorm layers of ``model`` with a weight (gamma) entry equal to 0."""
     from torch.nn.modules.batchnorm import _BatchNorm
@@ -165,8 +179,7 @@ def optimize(model: nn.Module, example_inputs, budget="50%", *, loss_fn=None, ta
             bar.log(f"{e}; training it in pieces, as torch.compile runs it")
             module, inputs = _training_module(model, example_inputs, loss_fn, target)
             params = sum(p.untyped_storage().nbytes() for p in module.parameters())
-            reserved = (optimizer_state_bytes(params, opts.optimizer) + (params if opts.accumulate_grads else 0)
-                        + int(opts.reserved_bytes))
+            reserved = sum(reserved_parts(params, opts.optimizer, opts.accumulate_grads, opts.reserved_bytes))
             return optimize_pieces(module, inputs, budget, prepare=prepare, time_limit=time_limit, options=own,
                                    reserved=reserved, bar=bar)
         elapsed = time.perf_counter() - start
@@ -340,11 +353,8 @@ class Plan:
         from monet.solver.solve import parse_budget
 
         smallest = budget is None or (isinstance(budget, str) and budget.strip().lower() == "min")
-        state = optimizer_state_bytes(self.graph.param_bytes, optimizer)
-        grads = self.graph.param_bytes if accumulate_grads else 0
-        if int(reserved_bytes) < 0:
-            raise ValueError(f"reserved_bytes must be >= 0, got {reserved_bytes}")
-        reserved = state + grads + int(reserved_bytes)
+        state, grads, _ = parts = reserved_parts(self.graph.param_bytes, optimizer, accumulate_grads, reserved_bytes)
+        reserved = sum(parts)
         # a percentage is of what plain PyTorch holds: its simulated peak plus what is reserved
         budget_bytes = None if smallest else parse_budget(budget, self.eager_peak_bytes + reserved)
         if reserved:
@@ -582,4 +592,4 @@ def prepare(model: nn.Module, example_inputs, *, loss_fn=None, target=None, cost
                 calibrates=calibration.applies(cost, device) and not compile, capture_s=capture_s, key=key)
 
 
-__all__ = ["CALIBRATED_SOLVE_SHARE", "CALL_LIMIT_FACTOR", "solve_limit", "forget_plans", "loss_from_name", "loss_name", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]
+__all__ = ["reserved_parts", "CALIBRATED_SOLVE_SHARE", "CALL_LIMIT_FACTOR", "solve_limit", "forget_plans", "loss_from_name", "loss_name", "LOSS_OUTSIDE_FRACTION", "LOSS_OUTSIDE_REMEDY", "loss_outside_note", "optimize", "prepare", "Plan", "optimizer_state_bytes", "WithLoss", "OPTIMIZER_STATE"]

@@ -77,27 +77,33 @@ def keep_all_matrices(graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
     return np.ones((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
 
 
-def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
-    """Simulated peak (bytes) of plain PyTorch: the keep-everything schedule, out of place (the
-    joint graph's ops as traced, `Schedule.inplace` False: the reference a budget's percentage and
-    the ILP's rows are of; the executor keeping everything in place peaks at or under it).  Kept on
-    the graph per workspace (the costs' ``fwd_workspace`` and ``bwd_workspace``): a 96-layer GPT-2
-    took 8 s to simulate, and one solve asked for it three times."""
+def eager_simulation(graph: OpGraph, costs: CostArrays):
+    """The simulation (`monet.simulate.SimResult`: peak and saved bytes) of plain PyTorch: the
+    keep-everything schedule, out of place (the joint graph's ops as traced, `Schedule.inplace`
+    False: the reference a budget's percentage and the ILP's rows are of; the executor keeping
+    everything in place peaks at or under it).  Kept on the graph per workspace (the costs'
+    ``fwd_workspace`` and ``bwd_workspace``): a 96-layer GPT-2 took 8 s to simulate, and one solve
+    asked for it three times."""
     key = _workspace_key(costs)
-    known = graph.__dict__.setdefault("_eager_peaks", {})
+    known = graph.__dict__.setdefault("_eager_simulations", {})
     if key not in known:
         S, R = keep_all_matrices(graph)
         known.clear()  # one entry: the costs of one graph seldom change
         t0 = time.perf_counter()
         schedule = schedule_from_matrices(graph, S, R)
         schedule.inplace = False
-        known[key] = schedule_peak(graph, costs, schedule).peak_bytes
+        known[key] = schedule_peak(graph, costs, schedule)
         graph.__dict__["_simulation_s"] = time.perf_counter() - t0
     return known[key]
 
 
+def eager_peak(graph: OpGraph, costs: CostArrays) -> int:
+    """Simulated peak (bytes) of plain PyTorch (`eager_simulation`)."""
+    return eager_simulation(graph, costs).peak_bytes
+
+
 def simulation_seconds(graph: OpGraph) -> float:
-    """Seconds one simulation of a schedule on ``graph`` took (`eager_peak`'s, the first one made;
+    """Seconds one simulation of a schedule on ``graph`` took (`eager_simulation`'s, the first one made;
     0.0 before it): what a solver keeps in hand to simulate the schedule it found (a 96-layer
     GPT-2: 4-6 s on 2 cores)."""
     return float(graph.__dict__.get("_simulation_s", 0.0))
