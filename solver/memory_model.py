@@ -380,6 +380,13 @@ class MemoryModel:
         return StageEvents(lam_group=lg, lam_reader=lk, lam_last=last, pos=pos[keep], kind=kind[keep],
                            index=index[keep], coef=coef[keep])
 
+    def floor(self) -> float:
+        """Bytes under which no schedule's `peak` goes with PyTorch's implementations and no
+        offload: the peak of keeping nothing and recomputing nothing.  Keeping and recomputing
+        only add to every row (`fwd_peak`, `bwd_peaks`), so a budget below it is infeasible."""
+        T, G = len(self.bwd_const), len(self.groups)
+        return self.peak(np.zeros((T, G), dtype=bool), np.zeros((T, self.n_fwd), dtype=bool), O=None)
+
     def peak(self, S: np.ndarray, R: np.ndarray, M: np.ndarray | None = None, O: np.ndarray | None = None) -> float:
         """The ILP's peak for a schedule: max of the forward and every backward stage (bytes), with
         the groups O (G,) offloaded (None: `offloaded`).

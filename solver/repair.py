@@ -306,7 +306,8 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
                   recompute_s: np.ndarray, deadline: float | None = None, tries: int = 8, start=None):
     """A schedule that fits ``budget`` bytes, built from keep-everything (or from ``start``, a
     valid (S (T, G), R (T, N))) by dropping values where memory is over the budget: (S, R,
-    recompute seconds), or None when no move frees bytes or ``deadline`` passes first.
+    recompute seconds), or None when no move frees bytes, ``deadline`` passes first, or the budget
+    is under the `MemoryModel.floor`.
 
     A move drops a node's values over a window of stages [a, b) in which nothing reads them (b
     reads them: they are recomputed there, once, and kept from then on).  Each step ranks the
@@ -321,6 +322,8 @@ def drop_greedily(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, budget:
     implementations) this start, improved for 15 s, gave 0.6617 / 0.6908 s at 50 / 33 % of
     the plain peak where the checkpoint sets gave 0.6647 / 0.7286-0.7572 s.
     """
+    if mem.offload is None and budget < mem.floor():  # no drop gets there
+        return None
     recompute_s = np.asarray(recompute_s, dtype=float)
     T, G = allow_s.shape
     gnode = mem.group_node

@@ -9,7 +9,7 @@ later stage, what the stage recomputes, and the stage's input and output gradien
 import numpy as np
 import pytest
 
-from monet.solver import formulation, relaxation
+from monet.solver import formulation, relaxation, repair
 from monet.solver.ilp import InfeasibleBudgetError, problem_size
 from monet.solver.finish import memory_model
 from monet.solver.solve import PEERS, eager_peak, min_budget, solve
@@ -73,6 +73,26 @@ def test_the_chain_at_its_smallest_budget():
     with pytest.raises(InfeasibleBudgetError, match="8488 bytes") as err:
         solve(graph, costs, 8_487, time_limit=10)
     assert err.value.min_budget_bytes == 8_488
+
+
+# Keeping and recomputing nothing, the chain's largest stage (a3's gradient) still holds the 400-byte
+# gradient in, the 4000-byte gradient out and the 88 bytes of constants: 4,488 B, the floor under
+# every schedule's ILP memory.  Below it the greedy gives up before its first move.
+def test_no_schedule_goes_under_the_floor_and_the_greedy_refuses_a_budget_below_it(monkeypatch):
+    graph, costs = _graph(chain(*CHAIN))
+    mem = memory_model(graph, costs)
+    assert mem.floor() == 4_488
+    allow_s = formulation.allowed(mem)[2]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        S = (rng.random(allow_s.shape) < 0.5) & allow_s
+        R = rng.random((allow_s.shape[0], mem.n_fwd)) < 0.3
+        assert mem.peak(S, R) >= mem.floor()
+    assert repair.drop_greedily(graph, mem, allow_s, 8_488, costs.fwd_recompute) is not None
+    calls = []
+    monkeypatch.setattr(repair, "repair", lambda *a, **k: calls.append(a))
+    assert repair.drop_greedily(graph, mem, allow_s, 4_487, costs.fwd_recompute) is None
+    assert calls == []
 
 
 # The diamond x, w -> a (4000 B, 1 ms) -> b (400 B), c (4000 B) -> d (40 B); the backward reads c,
