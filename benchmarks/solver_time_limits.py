@@ -8,7 +8,10 @@ after another), optionally beside one busy process.
 
 ``--model``: ``demo`` (`monet demo`'s quarter-width ResNet-50, batch 64, 3x64x64) or
 ``<gpt2|llama|bert>-<layers>``, transformers' model as `benchmarks/depth.py` builds it (hidden 256,
-2 x 256 tokens, vocabulary 1024, no dropout).
+2 x 256 tokens, vocabulary 1024, no dropout).  ``--budgets`` takes what `monet.optimize` takes and
+``per-block``: the simulated peak of per-block checkpointing (``torch.utils.checkpoint`` around every
+block of the model's chain, `monet.solver.structured.Structure`'s ``blocks:recompute-every``), in
+bytes, for a model with a chain of blocks.
 
 Each row is one ``Plan.solve(budget, time_limit=T, calibrate=False)``: its predicted overhead (the
 objective over plain PyTorch's simulated step, minus 1), its status, its wall time (seconds), and
@@ -29,6 +32,7 @@ from monet.plan import prepare
 from monet.solver.ilp import InfeasibleBudgetError
 from monet.profiling.raw_results import append_rows, command_line, provenance
 
+PER_BLOCK = "per-block"  # the budget at per-block checkpointing's simulated peak (`per_block_peak`)
 DEFAULT_CSV = Path(__file__).resolve().parent / "results" / "solver-time-limits.csv"
 
 
@@ -54,18 +58,36 @@ def build(name: str):
     return model, x, f"{kind} {layers} layers"
 
 
+def per_block_peak(plan) -> int:
+    """The simulated peak (bytes) of per-block checkpointing on ``plan``'s graph.
+
+    Raises:
+        SystemExit: the graph has no chain of identical blocks."""
+    from monet.solver.finish import memory_model, simulated_peak_fn
+    from monet.solver.formulation import allowed
+    from monet.solver.structured import Structure
+
+    mem = memory_model(plan.graph, plan.costs)
+    structure = Structure(plan.graph, mem, plan.costs.fwd_recompute, allowed(mem)[2])
+    every = [c for c in structure.uniform() if c.name == "blocks:recompute-every"]
+    if not every:
+        raise SystemExit("--budgets per-block: the model has no chain of identical blocks")
+    return int(simulated_peak_fn(plan.graph, plan.costs, mem)(every[0].S, every[0].R))
+
+
 def solve_rows(name: str, budgets: list[str], limits: list[float], order: str) -> list[dict]:
     """One row per (time limit, budget) of one plan of ``--model`` ``name``, the budgets in
     ``order`` ("descending" as given, or "ascending")."""
     model, x, label = build(name)
     plan = prepare(model, x, progress=False)
     seq = budgets if order == "descending" else list(reversed(budgets))
+    asked = {b: per_block_peak(plan) if b == PER_BLOCK else b for b in budgets}
     rows = []
     for limit in limits:
         for budget in seq:
             t0 = time.perf_counter()
             try:
-                sol = plan.solve(budget, time_limit=limit, calibrate=False, progress=None)
+                sol = plan.solve(asked[budget], time_limit=limit, calibrate=False, progress=None)
             except InfeasibleBudgetError as e:
                 raise SystemExit(f"--budgets {budget}: {e}") from None
             m = sol.meta
@@ -82,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="demo", help="demo, or <gpt2|llama|bert>-<layers> (default demo)")
-    p.add_argument("--budgets", default="50%,40%,35%", help="comma-separated, from the largest")
+    p.add_argument("--budgets", default="50%,40%,35%", help="comma-separated, from the largest: percentages, bytes, or per-block (per-block "
+                   "checkpointing's simulated peak)")
     p.add_argument("--time-limits", default="2,5,10,20,60", help="seconds, comma-separated")
     p.add_argument("--busy", action="store_true", help="one process spinning beside the solves")
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="raw results file (rows appended)")

@@ -48,7 +48,7 @@ def choose_lm_loss(own, budget, time_limit: float, chunked: Callable[[], object]
         InfeasibleBudgetError: neither fits; the message names the smallest budget of each, and
             ``min_budget_bytes`` is the smaller."""
     start = time.perf_counter()
-    smallest, budget_bytes, reserved = own._schedule_budget(budget, solve.get("optimizer"),
+    smallest, budget_bytes, reserved = own.schedule_budget(budget, solve.get("optimizer"),
                                                             solve.get("accumulate_grads", False),
                                                             solve.get("reserved_bytes", 0))
     asked = budget if smallest else budget_bytes + reserved  # in bytes for both plans

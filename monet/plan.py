@@ -293,7 +293,7 @@ class Plan:
         mode = self.mode_for(mode)
         if if_infeasible not in ("raise", "smallest"):
             raise ValueError(f"if_infeasible must be 'raise' or 'smallest', got {if_infeasible!r}")
-        smallest, budget_bytes, reserved = self._schedule_budget(budget, optimizer, accumulate_grads, reserved_bytes)
+        smallest, budget_bytes, reserved = self.schedule_budget(budget, optimizer, accumulate_grads, reserved_bytes)
 
         from monet.models import input_info
         from monet.solution import RunInfo
@@ -343,7 +343,7 @@ class Plan:
                   + ("" if overhead is None else f", predicted overhead {100 * overhead:+.1f} %"))
         return sol
 
-    def _schedule_budget(self, budget, optimizer, accumulate_grads: bool, reserved_bytes: int):
+    def schedule_budget(self, budget, optimizer, accumulate_grads: bool, reserved_bytes: int):
         """(smallest: ``budget`` is ``"min"``/None, the schedule's budget in bytes (None for the
         smallest), the bytes reserved beside it: optimizer state, accumulated gradients and
         ``reserved_bytes``); a percentage is of plain PyTorch's simulated peak plus the reserved bytes.

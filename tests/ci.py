@@ -1,31 +1,35 @@
-"""What CI leaves out, in one place.
+"""The short suite and the long cases, in one place.
 
-CI (``bash .ci/run`` with ``CI=true``: a fresh clone, 2 cores, 20 minutes for the install and the
-whole suite) skips the slowest cases whose behaviour another test covers; the README's test command
-(no ``CI``) runs them all.  Every such skip says what it leaves out, how long it takes on 2 cores
-and what covers it, through `skip_in_ci` or `not_in_ci`."""
+``pytest -q`` (README.md's test command, which CI runs: ``bash .ci/run``, a fresh clone, 2 cores,
+20 minutes for the install and the suite) runs the short suite: it leaves out the slowest cases
+whose behaviour another test covers.  ``MONET_LONG_TESTS=1 pytest -q`` runs them all.  Every such
+skip says what it leaves out, how long it takes on 2 cores and what covers it, through
+`skip_unless_long` or `long_only`."""
 import os
 
 import pytest
 
-IN_CI = bool(os.environ.get("CI"))
+#: ``MONET_LONG_TESTS=1``: the long cases run too
+LONG = os.environ.get("MONET_LONG_TESTS", "") not in ("", "0")
+#: the short suite (the default)
+SHORT = not LONG
 
 
 def reason(what: str, seconds: int | None = None, covered: str = "") -> str:
-    """The skip message: ``what`` (``seconds`` on 2 cores) runs without CI=true; ``covered``."""
+    """The skip message: ``what`` (``seconds`` on 2 cores) runs with MONET_LONG_TESTS=1; ``covered``."""
     took = f" ({seconds} s on 2 cores)" if seconds else ""
-    return f"{what}{took} runs without CI=true (CI's 20-minute budget)" + (f"; {covered}" if covered else "")
+    return f"{what}{took} runs with MONET_LONG_TESTS=1" + (f"; {covered}" if covered else "")
 
 
-def skip_in_ci(what: str, seconds: int | None = None, covered: str = "") -> None:
-    """Skip the running test under CI (see the module), with `reason`'s message; nothing otherwise."""
-    if IN_CI:
+def skip_unless_long(what: str, seconds: int | None = None, covered: str = "") -> None:
+    """Skip the running test in the short suite (see the module), with `reason`'s message."""
+    if SHORT:
         pytest.skip(reason(what, seconds, covered))
 
 
-def not_in_ci(what: str, seconds: int | None = None, covered: str = ""):
-    """`skip_in_ci` as a mark, for a whole test: ``@not_in_ci("the GPU table's CPU path", 130)``."""
-    return pytest.mark.skipif(IN_CI, reason=reason(what, seconds, covered))
+def long_only(what: str, seconds: int | None = None, covered: str = ""):
+    """`skip_unless_long` as a mark, for a whole test: ``@long_only("the GPU table's CPU path", 130)``."""
+    return pytest.mark.skipif(SHORT, reason=reason(what, seconds, covered))
 
 
 #: the timeout of a test's child process: a guard against a hung child only, far above any run

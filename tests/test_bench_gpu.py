@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ci import HANG_GUARD_S, not_in_ci
+from ci import HANG_GUARD_S, long_only
 import torch
 
 from monet.profiling.profiler import cache_path
@@ -79,8 +79,8 @@ def _check(work, profiles, out, device):
     return res
 
 
-@not_in_ci("the GPU table's CPU path end to end", 130,
-           "in CI only its parts run (the missing-step error, the published rows)")
+@long_only("the GPU table's CPU path end to end", 130,
+           "in the short suite only its parts run (the missing-step error, the published rows)")
 def test_cpu_path_end_to_end(tmp_path):
     work, profiles, out = _run(tmp_path, "cpu")
     res = _check(work, profiles, out, "cpu")

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from ci import skip_in_ci
+from ci import skip_unless_long
 import torch
 import torch.nn as nn
 
@@ -237,7 +237,7 @@ def test_solver_never_slower_than_per_block_checkpointing(stack, name, slack):
     block exactly once: each node inside the blocks that the backward pass reads and that is
     not a block end once, nothing else."""
     if slack != 1.0:
-        skip_in_ci("25 % above per-block checkpointing's peak", 20, "CI runs each model at that peak")
+        skip_unless_long("25 % above per-block checkpointing's peak", 20, "the short suite runs each model at that peak")
     graph, costs, feed, ends = MODELS[name](stack)
     S, R, inside, kept = per_block_checkpointing(graph, costs, feed, ends)
     mem = memory_model(graph, costs)

@@ -7,7 +7,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from ci import skip_in_ci
+from ci import skip_unless_long
 import torch
 
 from monet.cli import main
@@ -251,7 +251,7 @@ def _solve_and_check(argv, out):
 
 def test_gpt2_factory_with_inputs(gpt2_file, tmp_path):
     """build() returns (model, {"input_ids", "labels"}): no --batch-size, no --input-shape."""
-    skip_in_ci("a factory that returns its inputs", 28, "CI solves and checks the GPT-2 through --inputs "
+    skip_unless_long("a factory that returns its inputs", 28, "the short suite solves and checks the GPT-2 through --inputs "
                "(the same solve and check, the inputs from a spec)")
     solved, meta = _solve_and_check([f"{gpt2_file}:build"], tmp_path / "s.pkl")
     assert (solved["batch_size"], solved["input_shape"], solved["dtype"]) == (2, [16], "int64")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ci import IN_CI
+from ci import SHORT
 
 from monet.capture import capture
 from monet.executor import build_modules
@@ -179,7 +179,7 @@ def test_ilp_memory_bounds_the_simulator_on_a_cuda_graph(request, case, n, gener
 
         for module in (monet.executor, monet.solver.memory_build):
             monkeypatch.setattr(module, "random_op_device", lambda node: "cuda:0")
-    if IN_CI:  # a third of the random schedules (50 s of CPU less on 2 cores); all without CI=true
+    if SHORT:  # a third of the random schedules (50 s of CPU less on 2 cores); all with MONET_LONG_TESTS=1
         n //= 3
     graph, costs = request.getfixturevalue(case)
     cuda = _cuda(graph)

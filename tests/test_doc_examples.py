@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from ci import HANG_GUARD_S, skip_in_ci
+from ci import HANG_GUARD_S, skip_unless_long
 import torch
 
 from doc_blocks import FILES, ROOT, fenced_blocks
@@ -50,9 +50,9 @@ def test_block_runs(path, k, line, code, tmp_path_factory):
     if code.startswith("# needs: cuda") and not torch.cuda.is_available():
         pytest.skip("the block needs CUDA")
     if "Trainer(" in code:
-        skip_in_ci("the Trainer example", 50, "tests/test_trainer.py trains the wrapper in transformers' Trainer")
+        skip_unless_long("the Trainer example", 50, "tests/test_trainer.py trains the wrapper in transformers' Trainer")
     if "autocast_dtype=" in code:
-        skip_in_ci("the bf16 autocast example", 45, "tests/test_mixed_precision.py solves and trains under autocast")
+        skip_unless_long("the bf16 autocast example", 45, "tests/test_mixed_precision.py solves and trains under autocast")
     home = _DIRS.setdefault("home", tmp_path_factory.mktemp("home"))
     cwd = _DIRS.setdefault(path, tmp_path_factory.mktemp(path.stem))
     script = cwd / f"block_{k}.py"

@@ -6,8 +6,7 @@ analytic times, workspace measured by a quick CPU profile (oneDNN's reorders are
 temporaries that the measured peak sees).
 
 For each model and each budget (80 % and 50 % of the simulated plain-PyTorch peak, and the
-smallest feasible budget of ``normal`` mode; 60 % was dropped to keep CI within 20 minutes once
-the ILP grew its per-recomputation rows).  The workspace is measured on the machine that runs the
+smallest feasible budget of ``normal`` mode).  The workspace is measured on the machine that runs the
 tests (the measured peak is held to a prediction made with it), so whether a fraction is feasible
 depends on the machine: a fraction below the smallest feasible budget that this run's search found
 is solved at that budget instead (refusals of infeasible budgets are tested below the LP bound, in
@@ -29,7 +28,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from ci import IN_CI, skip_in_ci
+from ci import SHORT, skip_unless_long
 import torch
 
 from monet.capture import capture
@@ -53,27 +52,27 @@ CONFIGS = {
 }
 TIME_LIMIT = 4  # seconds per solve: the best schedule found by then is used
 # HiGHS keeps to its time limit; CBC's (through cvxpy) bounds only its branch and bound, and its
-# preprocessing and root cuts take several times TIME_LIMIT here (the CI budget).  CBC, the
+# preprocessing and root cuts take several times TIME_LIMIT here (the short suite's budget).  CBC, the
 # default, is exercised by tests/test_cli.py and tests/test_wrapper.py.
 SOLVER = "HIGHS"
-# CI (CI=true, 20 minutes on 2 cores) solves at 50 % only
-FRACTIONS = (0.5,) if IN_CI else (0.8, 0.5)
+# the short suite solves at 50 % only
+FRACTIONS = (0.5,) if SHORT else (0.8, 0.5)
 FULL = "inplace_conv_multiway_newnode"
 FULL_FRACTIONS = (0.8,)
 # Graphs whose joint ILP exceeds `solver.formulation.LARGE` variables: their full-mode cases take 1.5-2
-# minutes each (variant graphs, two LP relaxations, local searches), so CI (CI=true, 20 minutes on
-# 2 cores) runs full mode on VGG-16 and U-Net only (the smallest budget on U-Net only); run
-# without CI=true for all six.
+# minutes each (variant graphs, two LP relaxations, local searches), so the short suite
+# runs full mode on VGG-16 and U-Net only (the smallest budget on U-Net only); MONET_LONG_TESTS=1
+# runs all six.
 LARGE_GRAPHS = {"resnet50", "googlenet", "mobilenet_v2", "gpt2-small"}
 
 
-# the two slowest to capture, profile and check: seconds of CPU (2 cores) for all their tests in CI mode
-SLOW_IN_CI = {"googlenet": 130, "mobilenet_v2": 140}
+# the two slowest to capture, profile and check: seconds of CPU (2 cores) for all their tests in the short suite
+SLOW_IN_SHORT = {"googlenet": 130, "mobilenet_v2": 140}
 
 
-def _skip_large_in_ci(setup):
+def _skip_large_in_short(setup):
     if setup["name"] in LARGE_GRAPHS:
-        skip_in_ci("full mode on a large graph", covered="CI runs full mode on VGG-16 and U-Net")
+        skip_unless_long("full mode on a large graph", covered="the short suite runs full mode on VGG-16 and U-Net")
 
 
 def make_input(name, shape):
@@ -86,8 +85,8 @@ def make_input(name, shape):
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def setup(request):
     name = request.param
-    if name in SLOW_IN_CI:
-        skip_in_ci(f"{name} end to end", SLOW_IN_CI[name], "CI runs ResNet-50 (residual adds), U-Net "
+    if name in SLOW_IN_SHORT:
+        skip_unless_long(f"{name} end to end", SLOW_IN_SHORT[name], "the short suite runs ResNet-50 (residual adds), U-Net "
                    "(concatenations), VGG-16 and GPT-2; tests/test_zoo.py loads and fits MobileNetV2's zoo entry")
     kwargs, shape = CONFIGS[name]
     torch.manual_seed(0)
@@ -181,7 +180,7 @@ def test_min_budget(setup):
     temporary where the plain peak is): there it is asserted at most the plain peak.
     """
     if setup["name"] in ("googlenet", "resnet50"):
-        skip_in_ci(f"{setup['name']}'s smallest budget", 39, "CI runs U-Net's, VGG-16's and GPT-2's")
+        skip_unless_long(f"{setup['name']}'s smallest budget", 39, "the short suite runs U-Net's, VGG-16's and GPT-2's")
     least = _least(setup)
     assert least <= setup["eager"]
     _check(setup, least)
@@ -210,8 +209,8 @@ def test_full_mode_min_budget(setup):
     if setup["name"] == "vgg16":
         # its smallest budget in normal mode is its plain peak (test_min_budget), so here only
         # ``least <= plain`` is asserted; U-Net's asserts that full mode saves memory
-        skip_in_ci("VGG-16's full-mode smallest budget", 25, "CI runs U-Net's")
-    _skip_large_in_ci(setup)
+        skip_unless_long("VGG-16's full-mode smallest budget", 25, "the short suite runs U-Net's")
+    _skip_large_in_short(setup)
     least = _least(setup, FULL)
     assert least <= setup["eager"]
     if _least(setup) < setup["eager"]:  # where normal mode saves memory on these costs (test_min_budget)
@@ -222,7 +221,7 @@ def test_full_mode_min_budget(setup):
 @pytest.mark.parametrize("fraction", FULL_FRACTIONS)
 def test_full_mode_budget_fraction(setup, fraction):
     """As test_budget_fraction, in full mode (its own smallest budget found)."""
-    _skip_large_in_ci(setup)
+    _skip_large_in_short(setup)
     budget = max(int(setup["eager"] * fraction), _least(setup, FULL))
     sol = _solve_full(setup, budget)
     _check(setup, budget, sol)

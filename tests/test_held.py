@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ci import not_in_ci
+from ci import long_only
 from monet.held import TRIES, hold_budget
 from monet.solver.ilp import InfeasibleBudgetError
 
@@ -109,8 +109,8 @@ def test_the_smallest_budget_becomes_the_measured_peak():
     assert held.meta.budget_bytes == 40 * MiB and held.meta.measured_peak_bytes == 39 * MiB
 
 
-@not_in_ci("a compiled 4-layer GPT-2 at its smallest budget", 55,
-           "CI holds the loop on stand-ins here and tests/test_compiled_step.py a compiled step's measured peak")
+@long_only("a compiled 4-layer GPT-2 at its smallest budget", 55,
+           "the short suite holds the loop on stand-ins here and tests/test_compiled_step.py a compiled step's measured peak")
 def test_a_compiled_gpt2_at_its_smallest_budget_measures_under_it():
     """GPT-2 (4 layers, hidden 128, 2 x 256 tokens, analytic costs): at the smallest budget the
     simulation fits, 16,436,488 bytes, Inductor's kernels measured 18,014,216."""

@@ -18,7 +18,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from ci import skip_in_ci
+from ci import skip_unless_long
 import torch
 import torch.nn.functional as F
 
@@ -364,7 +364,7 @@ def test_cli_refuses_fp16_on_cpu(capsys):
 
 def test_cli_solve_and_check_bf16(tmp_path, capsys):
     """``monet solve --autocast bf16`` then ``monet check``, which runs under the recorded autocast."""
-    skip_in_ci("the bf16 command line", 28, "CI runs the bf16 schedule in Python here and the CLI's solve and "
+    skip_unless_long("the bf16 command line", 28, "the short suite runs the bf16 schedule in Python here and the CLI's solve and "
                "check in fp32 (tests/test_cli.py)")
     model_file = tmp_path / "net.py"
     model_file.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import monet
 import reach_models as rm
-from ci import skip_in_ci
+from ci import skip_unless_long
 from monet.inputs import ExampleInputs
 from monet.pieces import PiecewiseModule, describe_breaks, find
 from monet.profiling import measure as chk
@@ -110,7 +110,7 @@ def test_capture_alone_still_refuses_a_graph_break():
 
 
 def test_wav2vec2_for_ctc_trains_in_pieces():
-    skip_in_ci("Wav2Vec2ForCTC in 7 pieces", 30, covered="test_a_model_that_prints_reads_a_value_and_branches_"
+    skip_unless_long("Wav2Vec2ForCTC in 7 pieces", 30, covered="test_a_model_that_prints_reads_a_value_and_branches_"
                "trains_in_pieces trains a model with graph breaks")
     reason = rm.missing("transformers")
     if reason:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from ci import IN_CI, skip_in_ci
+from ci import SHORT, skip_unless_long
 import torch
 import torch.nn.functional as F
 
@@ -38,17 +38,17 @@ PREDICTION_TOLERANCE = 0.02
 
 _plans: dict = {}
 
-# MONET_REACH=all adds the heavy models and full mode everywhere.  CI (CI=true, 2 cores, a 20-minute
-# budget for the whole suite) runs full mode on these two only (and on ResNet-10t below).
+# MONET_REACH=all adds the heavy models and full mode everywhere.  The short suite (2 cores, 12
+# minutes for the whole suite) runs full mode on these two only (and on ResNet-10t below).
 ALL = os.environ.get("MONET_REACH") == "all"
-FULL_IN_CI = {"transformers/gpt2", "transformers/llama"}
+FULL_IN_SHORT = {"transformers/gpt2", "transformers/llama"}
 # the slowest to capture and cost (32-63 s each on 2 cores), and two transformers models whose
-# kind CI runs in another (Qwen2's decoder: Llama's; ViT's and CLIP's encoders: BERT's): CI runs 5
-# of the 13 models, torchvision's resnet18, timm's resnet10t and transformers' GPT-2, Llama and
-# BERT; the README's test command (no CI=true) runs all 13
-SLOW_IN_CI = {"torchvision/shufflenet_v2_x0_5", "torchvision/efficientnet_b0", "torchvision/mobilenet_v3_small",
-              "timm/vit_tiny_patch16_224", "timm/convnext_atto", "transformers/qwen2", "transformers/vit",
-              "transformers/clip"}
+# kind the short suite runs in another (Qwen2's decoder: Llama's; ViT's and CLIP's encoders:
+# BERT's): it runs 5 of the 13 models, torchvision's resnet18, timm's resnet10t and transformers'
+# GPT-2, Llama and BERT; MONET_LONG_TESTS=1 runs all 13
+SLOW_IN_SHORT = {"torchvision/shufflenet_v2_x0_5", "torchvision/efficientnet_b0", "torchvision/mobilenet_v3_small",
+                 "timm/vit_tiny_patch16_224", "timm/convnext_atto", "transformers/qwen2", "transformers/vit",
+                 "transformers/clip"}
 NAMES = list(rm.MODELS) + (list(rm.EXTRA) if ALL else [])
 # Full mode without the 'conv' token: on the CPU the convolution implementations are oneDNN's and
 # PyTorch's native kernels, whose arithmetic differs (1e-4 to 1e-2 relative on these models); the
@@ -77,10 +77,10 @@ def _plan(name: str, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["normal", FULL])
 @pytest.mark.parametrize("name", NAMES)
 def test_reach(name, mode, tmp_path_factory):
-    if mode != "normal" and IN_CI and not ALL and name not in FULL_IN_CI:
-        pytest.skip("full mode on this model runs with MONET_REACH=all (CI's time budget)")
-    if not ALL and name in SLOW_IN_CI:
-        skip_in_ci(f"{name}", covered="CI runs 5 of the 13: torchvision's resnet18, timm's resnet10t and "
+    if mode != "normal" and SHORT and not ALL and name not in FULL_IN_SHORT:
+        pytest.skip("full mode on this model runs with MONET_REACH=all (the short suite's time budget)")
+    if not ALL and name in SLOW_IN_SHORT:
+        skip_unless_long(f"{name}", covered="the short suite runs 5 of the 13: torchvision's resnet18, timm's resnet10t and "
                    "transformers' GPT-2, Llama and BERT")
     plan, model, target = _plan(name, tmp_path_factory)
     sol = plan.solve("50%", mode=mode, time_limit=TIME_LIMIT, if_infeasible="smallest", calibrate=CALIBRATE)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ci import skip_in_ci
+from ci import skip_unless_long
 import torch
 
 from monet.capture import capture
@@ -90,7 +90,7 @@ def test_fast_path_matches_plain_ilp_in_full_mode(case):
 @pytest.mark.parametrize("frac", [0.9, 0.75, 0.6])
 def test_every_schedule_fits_its_budget_and_reports_a_gap(case, frac, request):
     if request.node.callspec.params["case"] == "resnet" and frac > 0.6:
-        skip_in_ci("the small ResNet at 90 % and 75 %", 40, "CI solves UserNet at every budget and the ResNet at 60 %")
+        skip_unless_long("the small ResNet at 90 % and 75 %", 40, "the short suite solves UserNet at every budget and the ResNet at 60 %")
     graph, costs, eager = case
     try:
         sol = solve(graph, costs, int(frac * eager), FULL, solver="CBC", time_limit=20, gap=0.02)
@@ -156,7 +156,7 @@ def test_relaxation_charges_every_recomputation_and_every_read(case, request):
 
     graph, costs, eager = case
     if request.node.callspec.params["case"] == "resnet":
-        skip_in_ci("the ResNet's full-mode relaxation", 44, "CI relaxes the other cases")
+        skip_unless_long("the ResNet's full-mode relaxation", 44, "the short suite relaxes the other cases")
     options, mem = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
     for budget in (0.6 * eager, 0.7 * eager, 0.8 * eager):  # the smallest the relaxation fits
         P = formulation.Problem(mem, costs.fwd_recompute, FULL, relax=True, recompute_rows=False)
@@ -239,8 +239,8 @@ def test_min_budget_lower_bound_is_below_the_proven_minimum_and_refuses_below_it
     schedule found bounds it), and a budget under that bound is refused as infeasible with the
     bound in the message."""
     if request.node.callspec.params["case"] == "resnet":
-        skip_in_ci("the small ResNet's smallest-budget bound", 24,
-                   "CI bounds UserNet's, and tests/test_solver_synthetic.py proves hand-checked smallest budgets")
+        skip_unless_long("the small ResNet's smallest-budget bound", 24,
+                   "the short suite bounds UserNet's, and tests/test_solver_synthetic.py proves hand-checked smallest budgets")
     graph, costs, eager = case
     mem = memory_model(graph, costs)
     lower, frac = relaxation.min_budget_relaxation(graph, mem, "normal", 60)

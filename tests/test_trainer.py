@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from ci import skip_in_ci
+from ci import skip_unless_long
 import torch
 
 from reach_models import missing
@@ -71,7 +71,7 @@ def test_trainer_losses_and_weights_equal_plain_trainers(tmp_path, bf16):
     """fp32, and bf16 autocast on the CPU (the Trainer's ``bf16=True``; the schedule solved for it,
     ``autocast_dtype=torch.bfloat16``): recomputation only, so the same arithmetic either way."""
     if bf16:
-        skip_in_ci("the Trainer's bf16 path", 35, "in CI, tests/test_mixed_precision.py runs the wrapper under bf16 "
+        skip_unless_long("the Trainer's bf16 path", 35, "in the short suite, tests/test_mixed_precision.py runs the wrapper under bf16 "
                    "autocast, without the Trainer")
     import monet
     from transformers import DataCollatorForLanguageModeling

@@ -14,7 +14,7 @@ import json
 
 
 import pytest
-from ci import skip_in_ci
+from ci import skip_unless_long
 import torch
 
 import monet.zoo.index as zoo_index
@@ -65,8 +65,8 @@ def test_shipped_entry_loads_matches_and_fits(name):
     input shape, and the simulator's peak of its schedule is within its budget (and equals the
     recorded prediction)."""
     if name.startswith(("googlenet", "mobilenet_v2", "resnet50", "gpt2")):
-        skip_in_ci("the entries of the four largest graphs (GoogLeNet, MobileNetV2, ResNet-50, GPT-2 small)", 85,
-                   "CI verifies UNet's and VGG-16's entries, and the tiny zoo's build and verify")
+        skip_unless_long("the entries of the four largest graphs (GoogLeNet, MobileNetV2, ResNet-50, GPT-2 small)", 85,
+                   "the short suite verifies UNet's and VGG-16's entries, and the tiny zoo's build and verify")
     r = zoo_index.entry(name)
     res = zv.verify(name, _graph(r["model"], r["batch_size"], tuple(r["input_shape"])))
     assert res["fits"], f"{name}: simulated peak {res['peak_bytes']} > budget {res['budget_bytes']}"
