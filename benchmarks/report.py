@@ -76,6 +76,15 @@ def markdown(frame: pd.DataFrame, right: tuple[str, ...] = ()) -> str:
     return md_table([str(c) for c in frame.columns], frame.astype(str).values.tolist(), align)
 
 
+def folded(frame: pd.DataFrame, columns: tuple[str, ...], min_rows: int = 4) -> tuple[pd.DataFrame, str]:
+    """``frame`` without those of ``columns`` whose cell is the same in every row (of at least
+    ``min_rows`` rows), and the line that says them: ``"gradients: bitwise in every row."``
+    (empty when none is folded)."""
+    same = [c for c in columns if c in frame.columns and len(frame) >= min_rows and frame[c].nunique() == 1]
+    note = "; ".join(f"{c}: {frame[c].iloc[0]}" for c in same)
+    return frame.drop(columns=same), (f"{note[0].upper()}{note[1:]} in every row." if note else "")
+
+
 def block(frame: pd.DataFrame, shown: pd.DataFrame | None = None, right: tuple[str, ...] = (),
           title: str = "") -> list[str]:
     """A table of ``shown`` (default: ``frame``'s cells) with ``frame``'s caption under it."""
@@ -130,7 +139,9 @@ def depth_at_peers() -> list[str]:
                      "peak MiB": mib(r.peak), "of plain": f"{float(r.peak) / base:.2f}x" if base else "-",
                      "its overhead": pct(r.overhead), "monet's": "-" if ours is None else pct(ours.overhead),
                      "faster": won, "gradients": "-" if ours is None else ours.grads})
-    return [markdown(pd.DataFrame(rows), ("layers", "peak MiB", "of plain", "its overhead", "monet's")), ""]
+    shown, note = folded(pd.DataFrame(rows), ("faster", "gradients"))
+    return [markdown(shown, ("layers", "peak MiB", "of plain", "its overhead", "monet's")), ""] + (
+        [note, ""] if note else [])
 
 
 def _monet_rows(frame: pd.DataFrame, keep: Callable[[str], bool]) -> pd.DataFrame:
@@ -160,8 +171,9 @@ def depth() -> list[str]:
     """At each peer's peak (`depth_at_peers`), then monet at its own budgets (50 % of plain PyTorch's
     simulated peak, ``min``), predicted and measured; one caption for both."""
     frame = _depth_frames()
-    own = _monet_rows(frame, lambda m: m in ("monet 50%", "monet min"))
-    return (depth_at_peers() + ["monet at its own budgets:", "", markdown(own, _RIGHT), "", caption(frame), ""])
+    own, note = folded(_monet_rows(frame, lambda m: m in ("monet 50%", "monet min")), ("gradients",))
+    return (depth_at_peers() + ["monet at its own budgets:", "", markdown(own, _RIGHT), ""] + ([note, ""] if note else [])
+            + [caption(frame), ""])
 
 
 def gpt2_small() -> list[str]:
@@ -237,20 +249,28 @@ def compiled() -> list[str]:
 
 
 def solver_time_limits() -> list[str]:
-    """Per run (provenance): the predicted overhead each budget gets within each time limit, its
-    gap to the run's best and the solve's wall time, the budgets in one order per row
+    """Per run (provenance), one row per budget: the lowest predicted overhead of the run, and
+    within each time limit the objective against that lowest in each order of the solves
+    (descending / ascending budgets) with the longer solve's wall time
     (`benchmarks/solver_time_limits.py`)."""
     out = []
     for _, run in read("solver-time-limits.csv").groupby(list(PROVENANCE), sort=False):
         limits = list(dict.fromkeys(run["time limit s"]))
+        orders = list(dict.fromkeys(run["order"]))
         rows = []
-        for (order, budget), r in run.groupby(["order", "budget"], sort=False):
-            cell = {t: f"{o} ({v}; {float(w):.0f} s)" for t, o, v, w in
-                    zip(r["time limit s"], r["predicted overhead"], r["vs best"], r["wall s"])}
-            rows.append({"model": r["model"].iloc[0], "budget": budget, "order": order,
-                         "busy process": r["busy process"].iloc[0],
-                         **{f"{float(t):g} s": cell.get(t, "-") for t in limits}})
-        out += block(run, pd.DataFrame(rows), right=tuple(f"{float(t):g} s" for t in limits))
+        for budget, r in run.groupby("budget", sort=False):
+            best = min(r["predicted overhead"], key=lambda o: float(o.split()[0]))
+            cells = {}
+            for t, at in r.groupby("time limit s", sort=False):
+                gaps = dict(zip(at["order"], at["vs best"].str.replace(" %", "")))
+                cells[t] = (" / ".join(gaps.get(o, "-") for o in orders)
+                            + f" % ({max(float(w) for w in at['wall s']):.0f} s)")
+            rows.append({"model": r["model"].iloc[0], "budget": budget, "busy process": r["busy process"].iloc[0],
+                         "best": best, **{f"{float(t):g} s": cells.get(t, "-") for t in limits}})
+        shown, note = folded(pd.DataFrame(rows), ("busy process",), min_rows=1)
+        out += block(run, shown, right=("best",) + tuple(f"{float(t):g} s" for t in limits))
+        out.insert(len(out) - 2, f"Orders: {' / '.join(orders)}." + (f" {note}" if note else ""))
+        out.insert(len(out) - 2, "")
     return out
 
 
@@ -337,9 +357,11 @@ SECTIONS = (
             "(`benchmarks/bench_solver.py`; MONeT's fast formulation, CBC): the objective against the LP bound and "
             "against the best schedule known (`benchmarks/best_known.csv`).", as_is("solver.csv", drop=("formulation", "solver")), ("solver.csv",)),
     Section("Solver: the schedule a time limit buys", "A model solved at each budget within "
-            "each time limit, one budget after another on one plan, in both orders: the predicted overhead, "
-            "and in brackets the objective against the lowest of that budget in the run and the solve's "
-            "wall time (`Plan.solve(..., calibrate=False)`; `benchmarks/solver_time_limits.py`).", solver_time_limits,
+            "each time limit, one budget after another on one plan, in both orders. *best*: the lowest "
+            "predicted overhead of that budget in the run; each limit: the objective against that lowest, "
+            "descending / ascending, and the longer solve's wall time (`Plan.solve(..., calibrate=False)`; "
+            "`benchmarks/solver_time_limits.py`). *per-block*: the budget at per-block checkpointing's "
+            "simulated peak.", solver_time_limits,
             ("solver-time-limits.csv",)),
     Section("Schedule zoo", "The prebuilt schedules (`monet zoo list`), predicted by the simulator with the "
             "costs each entry names, not measured.\n\n![predicted peak against overhead](docs/zoo_frontier.png)",

@@ -38,8 +38,8 @@ class Options:
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``: count its state
             (0, 1, 2, 2 times the parameter bytes) in the budget.  None: not counted.
         cost: ``"hybrid"`` (measured workspace; measured times on the CPU, the roofline's on a
-            GPU), ``"analytic"`` or ``"profile"``
-            (`monet.profiling.sources`).
+            GPU), ``"workspace"`` (measured workspace, the roofline's times: nothing timed),
+            ``"analytic"`` or ``"profile"`` (`monet.profiling.sources`).
         device: the device the costs are for; default the inputs' device.
         gpu_spec: a roofline preset for analytic times on a GPU (``"h100"``, ``"p100"`` ...).
         autocast_dtype: solve for training under ``torch.autocast(device, autocast_dtype)``.

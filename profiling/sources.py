@@ -1,4 +1,5 @@
-"""Cost sources: the cost table and the implementation-variant costs for ``--cost analytic|hybrid|profile``.
+"""Cost sources: the cost table and the implementation-variant costs for
+``--cost analytic|workspace|hybrid|profile``.
 
 * ``analytic``: the roofline model (`monet.profiling.costs.analytic_costs`) of a `DeviceSpec`, each
   operator's workspace charged at an upper bound from its shapes
@@ -7,6 +8,9 @@
   allocator, at the price of a higher smallest budget (ResNet-50, batch 2, 64x64, full mode: +8 %, the
   weight reorders of its last stage's convolutions) and a predicted peak that is a bound rather
   than within 2 % of the measured one.
+* ``workspace``: the roofline's times with each operator's workspace measured as ``hybrid``
+  measures it: the budget holds at the allocator and the predicted peak is the measured one, with
+  nothing timed (what ``hybrid`` is on a GPU, on any device).
 * ``hybrid``: each operator's workspace (bytes) from a quick profile on the device (`QUICK`: the
   median of 3 runs after 1 warm-up; on the CPU each run is an iteration's sequence of operators,
   and the nodes of one op signature share the median of all their calls, `profiler.pooled_medians`,
@@ -36,7 +40,7 @@ from monet.profiling.shallow import carried_record, carried_table, stand_in
 from monet.profiling.workspace import with_workspace_bound
 from monet.terms import arg
 
-COST_SOURCES = ("analytic", "hybrid", "profile")
+COST_SOURCES = ("analytic", "workspace", "hybrid", "profile")
 # the quick profile of ``hybrid``: warm medians (a first, cold run of a CPU kernel was 1.3-3x its
 # warm time, so ratios and times from one unwarmed run mis-ranked implementations)
 QUICK = dict(repeats=3, warmup=1)
@@ -223,7 +227,7 @@ def cost_table(cost: str, model, inputs, graph, device: str, gpu_spec: str | Non
                                f"+x{scale:.2f}+{1e6 * between:.1f}us-between-x{factor:.2f}")
         return table
     table = analytic_costs(graph, device_spec(gpu_spec, device))
-    if cost == "hybrid":
+    if cost in ("hybrid", "workspace"):
         return with_measured_workspace(table, model, inputs, graph, device, cache_dir)
     return with_workspace_bound(table, graph, device)
 

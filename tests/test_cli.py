@@ -65,10 +65,10 @@ def run_main(argv):
     return stdout.getvalue(), stderr.getvalue(), code
 
 
-def hybrid_args(workdir):
+def workspace_args(workdir):
     """Measured workspace (so the measured peak can be held to the budget), cached in the module's
     folder: every solve of the module costs the graph with the same measurement."""
-    return ["--cost", "hybrid", "--cache-dir", str(workdir / "cache")]
+    return ["--cost", "workspace", "--cache-dir", str(workdir / "cache")]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def least_solved(model_arg, workdir):
     """``monet solve ... --min-budget --json`` with measured workspace, run once for the module:
     (stdout, stderr, exit code, solution path)."""
     out = workdir / "min.pkl"
-    return (*run_main(solve_args(model_arg, "--min-budget", *hybrid_args(workdir), "--json", "-o", str(out))), out)
+    return (*run_main(solve_args(model_arg, "--min-budget", *workspace_args(workdir), "--json", "-o", str(out))), out)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def solved(model_arg, workdir, least_solved):
     budget = max(eighty, found["budget_bytes"])
     out = workdir / "tiny.pkl"
     stdout, stderr, code = run_main(solve_args(model_arg, "--budget", "80%" if budget == eighty else str(budget),
-                                               *hybrid_args(workdir), "--json", "-o", str(out)))
+                                               *workspace_args(workdir), "--json", "-o", str(out)))
     return stdout, stderr, code, out, budget
 
 
@@ -166,7 +166,7 @@ def test_check_runtime(solved, capsys):
 
 
 def test_infeasible_budget(model_arg, workdir, capsys):
-    code = main(solve_args(model_arg, "--budget", "1KB", *hybrid_args(workdir), "--json",
+    code = main(solve_args(model_arg, "--budget", "1KB", *workspace_args(workdir), "--json",
                            "-o", str(workdir / "never.pkl")))
     captured = capsys.readouterr()
     assert code == 2

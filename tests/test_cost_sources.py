@@ -23,7 +23,7 @@ from monet.profiling.costs import analytic_costs, costs_for
 from monet.profiling.variant_costs import hybrid_cost_fn
 from monet.profiling.sources import (COST_SOURCES, QUICK, between_operators, cost_table, measures_times,
                                      operator_scale, quick_dir, quick_profile, recompute_factor,
-                                     variant_cost_fn)
+                                     RECORD_SUFFIX, solver_costs, variant_cost_fn)
 from monet.solver import DEFAULT_GAP
 from monet.solver.choices import implementation_options, option_seconds
 from monet.solver.finish import eager_peak
@@ -52,11 +52,26 @@ def setup(tmp_path_factory):
 
 
 def test_which_sources_measure_times():
-    assert COST_SOURCES == ("analytic", "hybrid", "profile")
+    assert COST_SOURCES == ("analytic", "workspace", "hybrid", "profile")
     assert measures_times("profile", "cpu") and measures_times("profile", "cuda:0")
     assert measures_times("hybrid", "cpu")
     assert not measures_times("hybrid", "cuda") and not measures_times("hybrid", "cuda:1")
     assert not measures_times("analytic", "cpu") and not measures_times("analytic", "cuda")
+    assert not measures_times("workspace", "cpu") and not measures_times("workspace", "cuda")
+
+
+def test_workspace_source_is_the_rooflines_times_with_the_measured_workspace(setup, tmp_path):
+    """``workspace``: the analytic table's seconds, the quick profile's workspace bytes, and no
+    iteration timed (no plain iteration to take the overhead against)."""
+    model, x, graph, _ = setup
+    table, costs = solver_costs("workspace", model, x, graph, "cpu", cache_dir=tmp_path)
+    analytic = cost_table("analytic", model, x, graph, "cpu", cache_dir=tmp_path)
+    quick = quick_profile(model, x, graph, "cpu", tmp_path).set_index(["kind", "node"])["workspace_bytes"]
+    assert table["time_s"].tolist() == analytic["time_s"].tolist()
+    assert table["workspace_bytes"].tolist() == [int(quick[(k, n)]) for k, n in zip(table["kind"], table["node"])]
+    assert table["workspace_bytes"].sum() > 0  # the small CNN's convolutions reorder their weights
+    assert costs.plain_time_s is None
+    assert not any(tmp_path.rglob(f"*{RECORD_SUFFIX}"))
 
 
 def test_cpu_hybrid_table_is_the_warm_quick_profile(setup):

@@ -253,7 +253,7 @@ def checked_device_spec(gpu_spec: str | None, device: str):
 
 
 def costs_table(cost: str, model, x, graph, device: str, gpu_spec, cache_dir):
-    """``(cost table, CostArrays)`` for --cost analytic, hybrid or profile
+    """``(cost table, CostArrays)`` for --cost analytic, workspace, hybrid or profile
     (`monet.profiling.sources.solver_costs`)."""
     from monet.profiling.sources import solver_costs
 

@@ -133,12 +133,13 @@ def _add_schedule_arguments(p) -> None:
 
 def _add_cost_arguments(p) -> None:
     """Where the operators' costs come from: --cost, calibration, device, autocast, GPU preset, cache."""
-    p.add_argument("--cost", choices=["analytic", "hybrid", "profile"], default="hybrid",
+    p.add_argument("--cost", choices=["analytic", "workspace", "hybrid", "profile"], default="hybrid",
                    help="operator costs (default hybrid). analytic: a roofline model of --gpu-spec, needs "
                         "no device; each operator's workspace is charged at an upper bound from its "
                         "shapes (per op family, measured on CPU; see monet.profiling.workspace), so "
                         "the budget holds where the schedule runs, at the price of a smallest budget "
-                        "a few percent higher and a predicted peak that is a bound; hybrid: workspace from a "
+                        "a few percent higher and a predicted peak that is a bound; workspace: the "
+                        "roofline's times and hybrid's measured workspace (nothing timed); hybrid: workspace from a "
                         "quick profile of every operator on --device (median of 3 warm runs, cached), "
                         "times from it on the CPU and from the roofline on a GPU; "
                         "profile: times and workspace measured on --device (cached). Measured CPU times "
