@@ -265,7 +265,9 @@ def solver_time_limits() -> list[str]:
                 gaps = dict(zip(at["order"], at["vs best"].str.replace(" %", "")))
                 cells[t] = (" / ".join(gaps.get(o, "-") for o in orders)
                             + f" % ({max(float(w) for w in at['wall s']):.0f} s)")
-            rows.append({"model": r["model"].iloc[0], "budget": budget, "busy process": r["busy process"].iloc[0],
+            nbytes = r["budget bytes"].iloc[0] if "budget bytes" in r else ""
+            shown = f"{budget} ({mib(nbytes)} MiB)" if budget == "per-block" and nbytes else budget
+            rows.append({"model": r["model"].iloc[0], "budget": shown, "busy process": r["busy process"].iloc[0],
                          "best": best, **{f"{float(t):g} s": cells.get(t, "-") for t in limits}})
         shown, note = folded(pd.DataFrame(rows), ("busy process",), min_rows=1)
         out += block(run, shown, right=("best",) + tuple(f"{float(t):g} s" for t in limits))

@@ -13,10 +13,11 @@ after another), optionally beside one busy process.
 block of the model's chain, `monet.solver.structured.Structure`'s ``blocks:recompute-every``), in
 bytes, for a model with a chain of blocks.
 
-Each row is one ``Plan.solve(budget, time_limit=T, calibrate=False)``: its predicted overhead (the
-objective over plain PyTorch's simulated step, minus 1), its status, its wall time (seconds), and
-``vs best``: its objective over the lowest objective of that budget in the whole run, minus 1.  A
-model is captured and costed once per order (`monet.prepare`); nothing is measured but the solve.
+Each row is one ``Plan.solve(budget, time_limit=T, calibrate=False)``: the budget in bytes, its
+predicted overhead (the objective over plain PyTorch's simulated step, minus 1), its status, its
+wall time (seconds), and ``vs best``: its objective over the lowest objective of that budget in the
+whole run, minus 1. A model is captured and costed once per order (`monet.prepare`); nothing is
+measured but the solve.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def solve_rows(name: str, budgets: list[str], limits: list[float], order: str) -
             except InfeasibleBudgetError as e:
                 raise SystemExit(f"--budgets {budget}: {e}") from None
             m = sol.meta
-            rows.append({"model": label, "budget": budget, "order": order,
+            rows.append({"model": label, "budget": budget, "budget bytes": m.budget_bytes, "order": order,
                          "time limit s": limit, "objective s": round(m.objective_s, 5),
                          "predicted overhead": f"{100 * (m.objective_s / m.eager_time_s - 1):+.1f} %",
                          "status": m.status, "wall s": round(time.perf_counter() - t0, 1)})
