@@ -248,6 +248,25 @@ def compiled() -> list[str]:
             + [caption(frame), ""])
 
 
+def runs_merged(name: str, right: tuple[str, ...] = ()) -> Callable[[], list[str]]:
+    """The runs of one command (same machine and torch) in one table: one row per ``method``, a
+    cell the runs' values in the caption's order ("a / b / c"), or the one value they share."""
+    def tables() -> list[str]:
+        out = []
+        for _, same in read(name).groupby(["command", "machine", "torch"], sort=False):
+            runs = [cells(r).set_index("method") for _, r in same.groupby(list(PROVENANCE), sort=False)]
+            rows = []
+            for method in dict.fromkeys(m for r in runs for m in r.index):
+                row = {"method": method}
+                for col in runs[0].columns:
+                    values = [r.at[method, col] if method in r.index else "-" for r in runs]
+                    row[col] = values[0] if len(set(values)) == 1 else " / ".join(values)
+                rows.append(row)
+            out += block(same, pd.DataFrame(rows), right=right)
+        return out
+    return tables
+
+
 def solver_time_limits() -> list[str]:
     """Per run (provenance), one row per budget: the lowest predicted overhead of the run, and
     within each time limit the objective against that lowest in each order of the solves
@@ -319,9 +338,10 @@ SECTIONS = (
             "(P100): the published figure (16 GB P100, fp32, PyTorch 1.5.1) at the same budget.",
             gpu, ("gpu/resnet50.json",)),
     Section("The demo (CPU)", "`monet demo`: the quarter-width ResNet-50 (batch 64, 3x64x64) trained by each "
-            "method from the same weights; budgets are fractions of plain PyTorch's simulated peak.",
-            as_is("demo.csv", right=("budget MiB", "predicted MiB", "peak MiB", "% of plain", "predicted overhead",
-                                     "overhead")), ("demo.csv",)),
+            "method from the same weights; budgets are fractions of plain PyTorch's simulated peak. The runs of "
+            "one command share a table: a cell holds each run's value in the caption's order, or the one they share.",
+            runs_merged("demo.csv", right=("budget MiB", "predicted MiB", "peak MiB", "% of plain",
+                                           "predicted overhead", "overhead")), ("demo.csv",)),
     Section("Deep networks", "transformers' GPT-2, Llama and BERT built from a config (hidden 256, 2 x 256 "
             "tokens, vocabulary 1024), 12 to 96 layers, fp32 and bf16 autocast, each configuration in a process "
             "of its own (`benchmarks/depth.py`). The peers are transformers' activation checkpointing every 1, 2 "

@@ -97,3 +97,26 @@ def test_citations_of_benchmarks_sections_name_a_section():
              for m in re.finditer(r'BENCHMARKS\.md[,\'s]* "([^"]+)"', " ".join(p.read_text().split()))]
     assert cited, "the pattern finds the citations"
     assert [c for c in cited if not any(h.startswith(c[1]) for h in heads)] == []
+
+
+def test_runs_of_one_command_share_a_table_and_constant_columns_fold(monkeypatch, tmp_path):
+    """Two runs of one command: one table, a cell "first / second" where they differ, the one value
+    where they agree, a method of one run only "-" in the other; a column equal in every row of
+    four is said once under the table instead."""
+    prov = dict(machine="m", torch="t", command="monet demo")
+    rows = [dict(method="plain", overhead="reference", **prov, date="d1"),
+            dict(method="monet 40%", overhead="+11.1 %", **prov, date="d1"),
+            dict(method="plain", overhead="reference", **prov, date="d2"),
+            dict(method="monet 40%", overhead="+12.0 %", **prov, date="d2"),
+            dict(method="monet 50%", overhead="+9.0 %", **prov, date="d2")]
+    (tmp_path / "runs.csv").write_text(pd.DataFrame(rows).to_csv(index=False))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report.runs_merged("runs.csv")())
+    assert text.count("| method |") == 1
+    assert "| plain | reference |" in text and "| monet 40% | +11.1 % / +12.0 % |" in text
+    assert "| monet 50% | - / +9.0 % |" in text
+    assert "*d1 UTC; m; torch t; `monet demo`*\n*d2 UTC; m; torch t; `monet demo`*" in text
+    frame = pd.DataFrame({"model": list("abcd"), "gradients": ["bitwise"] * 4, "faster": ["yes", "no", "yes", "yes"]})
+    shown, note = report.folded(frame, ("gradients", "faster"))
+    assert list(shown.columns) == ["model", "faster"] and note == "Gradients: bitwise in every row."
+    assert report.folded(frame.head(3), ("gradients",))[1] == ""
