@@ -286,12 +286,11 @@ def solver_time_limits() -> list[str]:
                             + f" % ({max(float(w) for w in at['wall s']):.0f} s)")
             nbytes = r["budget bytes"].iloc[0] if "budget bytes" in r else ""
             shown = f"{budget} ({mib(nbytes)} MiB)" if budget == "per-block" and nbytes else budget
-            rows.append({"model": r["model"].iloc[0], "budget": shown, "busy process": r["busy process"].iloc[0],
+            rows.append({"model": r["model"].iloc[0], "budget": shown,
                          "best": best, **{f"{float(t):g} s": cells.get(t, "-") for t in limits}})
-        shown, note = folded(pd.DataFrame(rows), ("busy process",), min_rows=1)
-        out += block(run, shown, right=("best",) + tuple(f"{float(t):g} s" for t in limits))
-        out.insert(len(out) - 2, f"Orders: {' / '.join(orders)}." + (f" {note}" if note else ""))
-        out.insert(len(out) - 2, "")
+        out += block(run, pd.DataFrame(rows), right=("best",) + tuple(f"{float(t):g} s" for t in limits))
+        if orders != ["descending", "ascending"]:
+            out[-2:-2] = [f"Orders: {' / '.join(orders)}.", ""]
     return out
 
 
@@ -382,8 +381,8 @@ SECTIONS = (
             "each time limit, one budget after another on one plan, in both orders. *best*: the lowest "
             "predicted overhead of that budget in the run; each limit: the objective against that lowest, "
             "descending / ascending, and the longer solve's wall time (`Plan.solve(..., calibrate=False)`; "
-            "`benchmarks/solver_time_limits.py`). *per-block*: the budget at per-block checkpointing's "
-            "simulated peak.", solver_time_limits,
+            "`benchmarks/solver_time_limits.py`; `--busy`: beside one busy process). *per-block*: the budget "
+            "at per-block checkpointing's simulated peak.", solver_time_limits,
             ("solver-time-limits.csv",)),
     Section("Schedule zoo", "The prebuilt schedules (`monet zoo list`), predicted by the simulator with the "
             "costs each entry names, not measured.\n\n![predicted peak against overhead](docs/zoo_frontier.png)",

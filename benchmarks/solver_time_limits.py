@@ -2,13 +2,16 @@
 the budgets in descending and in ascending order on one plan each (as a user solves one budget
 after another), optionally beside one busy process.
 
-    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|...] [--budgets 50%,40%,35%]
+    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|zoo:resnet50|...] [--budgets 50%,40%,35%]
                                             [--time-limits 2,5,10,20,60] [--busy]
                                             [--csv benchmarks/results/solver-time-limits.csv]
 
 ``--model``: ``demo`` (`monet demo`'s quarter-width ResNet-50, batch 64, 3x64x64) or
 ``<gpt2|llama|bert>-<layers>``, transformers' model as `benchmarks/depth.py` builds it (hidden 256,
-2 x 256 tokens, vocabulary 1024, no dropout).  ``--budgets`` takes what `monet.optimize` takes and
+2 x 256 tokens, vocabulary 1024, no dropout); or ``zoo:<model>``, a configuration of MONeT's zoo at
+full scale (`monet.zoo.build`: MONeT's batch size, captured on the meta device, the zoo's profile
+or the P100 roofline, MONeT's full mode), solved by `monet.solver.solve.solve` on one captured
+graph per order (the smallest-budget search is kept on it, as a plan keeps it).  ``--budgets`` takes what `monet.optimize` takes and
 ``per-block``: the simulated peak of per-block checkpointing (``torch.utils.checkpoint`` around every
 block of the model's chain, `monet.solver.structured.Structure`'s ``blocks:recompute-every``), in
 bytes, for a model with a chain of blocks.
@@ -76,11 +79,39 @@ def per_block_peak(plan) -> int:
     return int(simulated_peak_fn(plan.graph, plan.costs, mem)(every[0].S, every[0].R))
 
 
+class _ZooPlan:
+    """A zoo configuration (``zoo:<model>``) with `monet.plan.Plan`'s ``graph``, ``costs`` and
+    ``solve(budget, time_limit=...)``, solved as `monet.zoo.build` solves it."""
+
+    def __init__(self, model: str):
+        from monet.solver.finish import eager_peak
+        from monet.zoo.build import BATCH, MODE, ZooConfig, capture_config, zoo_costs
+
+        self.config = ZooConfig(model, BATCH[model], ())
+        self.graph = capture_config(model, self.config.batch_size)
+        zc = zoo_costs(self.graph, self.config.gpu_spec)
+        self.costs, self.cost_fn, self.mode = zc.costs, zc.cost_fn, MODE
+        self.eager = eager_peak(self.graph, self.costs)
+        self.label = f"{model} (batch {self.config.batch_size}, {zc.source})"
+
+    def solve(self, budget, time_limit: float, **_):
+        from monet.solver.solve import parse_budget, solve
+
+        sol = solve(self.graph, self.costs, parse_budget(budget, self.eager), self.mode, time_limit=time_limit,
+                    device=self.config.device, cost_fn=self.cost_fn)
+        sol.meta.eager_time_s = float(self.costs.total_time)
+        return sol
+
+
 def solve_rows(name: str, budgets: list[str], limits: list[float], order: str) -> list[dict]:
     """One row per (time limit, budget) of one plan of ``--model`` ``name``, the budgets in
     ``order`` ("descending" as given, or "ascending")."""
-    model, x, label = build(name)
-    plan = prepare(model, x, progress=False)
+    if name.startswith("zoo:"):
+        plan = _ZooPlan(name[len("zoo:"):])
+        label = plan.label
+    else:
+        model, x, label = build(name)
+        plan = prepare(model, x, progress=False)
     seq = budgets if order == "descending" else list(reversed(budgets))
     asked = {b: per_block_peak(plan) if b == PER_BLOCK else b for b in budgets}
     rows = []
@@ -104,7 +135,8 @@ def solve_rows(name: str, budgets: list[str], limits: list[float], order: str) -
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="demo", help="demo, or <gpt2|llama|bert>-<layers> (default demo)")
+    p.add_argument("--model", default="demo",
+                   help="demo, <gpt2|llama|bert>-<layers>, or zoo:<model> (MONeT's configuration; default demo)")
     p.add_argument("--budgets", default="50%,40%,35%", help="comma-separated, from the largest: percentages, bytes, or per-block (per-block "
                    "checkpointing's simulated peak)")
     p.add_argument("--time-limits", default="2,5,10,20,60", help="seconds, comma-separated")
