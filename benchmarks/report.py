@@ -46,9 +46,22 @@ def read(name: str) -> pd.DataFrame:
 
 
 def caption(frame: pd.DataFrame) -> str:
-    """One italic line per distinct provenance of ``frame``'s rows: date, machine, torch, command."""
-    seen = dict.fromkeys(tuple(r) for r in frame[list(PROVENANCE)].itertuples(index=False))
-    return "\n".join(f"*{date} UTC; {machine}; torch {torch}; `{command}`*" for date, machine, torch, command in seen)
+    """One italic line per distinct (machine, torch, command) of ``frame``'s rows, with the dates
+    of its runs in order: date(s), machine, torch, command."""
+    runs: dict[tuple, list[str]] = {}
+    for date, machine, torch, command in dict.fromkeys(tuple(r) for r in frame[list(PROVENANCE)].itertuples(index=False)):
+        runs.setdefault((machine, torch, command), []).append(date)
+    return "\n".join(f"*{_dates(dates)} UTC; {machine}; torch {torch}; `{command}`*"
+                     for (machine, torch, command), dates in runs.items())
+
+
+def _dates(dates: list[str]) -> str:
+    """``2026-12-07 07:33, 13:49``: each date after the first without the day it shares with the one before."""
+    out = dates[:1]
+    for before, date in zip(dates, dates[1:]):
+        day, _, clock = date.partition(" ")
+        out.append(clock if clock and before.startswith(day + " ") else date)
+    return ", ".join(out)
 
 
 def cells(frame: pd.DataFrame) -> pd.DataFrame:
@@ -78,10 +91,10 @@ def markdown(frame: pd.DataFrame, right: tuple[str, ...] = ()) -> str:
 
 def folded(frame: pd.DataFrame, columns: tuple[str, ...], min_rows: int = 4) -> tuple[pd.DataFrame, str]:
     """``frame`` without those of ``columns`` whose cell is the same in every row (of at least
-    ``min_rows`` rows), and the line that says them: ``"gradients: bitwise in every row."``
-    (empty when none is folded)."""
+    ``min_rows`` rows), and the line that says them: ``"Gradients: bitwise in every row."``
+    (empty when none is folded; a column empty or "-" throughout is dropped unsaid)."""
     same = [c for c in columns if c in frame.columns and len(frame) >= min_rows and frame[c].nunique() == 1]
-    note = "; ".join(f"{c}: {frame[c].iloc[0]}" for c in same)
+    note = "; ".join(f"{c}: {frame[c].iloc[0]}" for c in same if str(frame[c].iloc[0]) not in ("", "-"))
     return frame.drop(columns=same), (f"{note[0].upper()}{note[1:]} in every row." if note else "")
 
 
@@ -101,7 +114,11 @@ def as_is(*names: str, right: tuple[str, ...] = (), drop: tuple[str, ...] = ()) 
         out = []
         for name in names:
             for _, run in read(name).groupby(list(PROVENANCE), sort=False):
-                out += block(run, cells(run).drop(columns=list(drop)), right=right)
+                shown = cells(run).drop(columns=list(drop))
+                shown, note = folded(shown, tuple(shown.columns[1:]))
+                out += block(run, shown, right=right)
+                if note:
+                    out[-2:-2] = [note, ""]
         return out
     return tables
 

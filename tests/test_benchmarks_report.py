@@ -115,8 +115,12 @@ def test_runs_of_one_command_share_a_table_and_constant_columns_fold(monkeypatch
     assert text.count("| method |") == 1
     assert "| plain | reference |" in text and "| monet 40% | +11.1 % / +12.0 % |" in text
     assert "| monet 50% | - / +9.0 % |" in text
-    assert "*d1 UTC; m; torch t; `monet demo`*\n*d2 UTC; m; torch t; `monet demo`*" in text
+    assert "*d1, d2 UTC; m; torch t; `monet demo`*" in text
+    assert report._dates(["2026-12-07 07:33", "2026-12-07 13:49", "2026-12-08 09:00"]) == \
+        "2026-12-07 07:33, 13:49, 2026-12-08 09:00"
     frame = pd.DataFrame({"model": list("abcd"), "gradients": ["bitwise"] * 4, "faster": ["yes", "no", "yes", "yes"]})
     shown, note = report.folded(frame, ("gradients", "faster"))
     assert list(shown.columns) == ["model", "faster"] and note == "Gradients: bitwise in every row."
     assert report.folded(frame.head(3), ("gradients",))[1] == ""
+    shown, note = report.folded(frame.assign(chen="-"), ("chen", "gradients"))
+    assert "chen" not in shown.columns and note == "Gradients: bitwise in every row."
