@@ -296,15 +296,15 @@ def solver_time_limits() -> list[str]:
         rows = []
         for budget, r in run.groupby("budget", sort=False):
             best = min(r["predicted overhead"], key=lambda o: float(o.split()[0]))
-            cells = {}
+            by_limit = {}
             for t, at in r.groupby("time limit s", sort=False):
                 gaps = dict(zip(at["order"], at["vs best"].str.replace(" %", "")))
-                cells[t] = (" / ".join(gaps.get(o, "-") for o in orders)
+                by_limit[t] = (" / ".join(gaps.get(o, "-") for o in orders)
                             + f" % ({max(float(w) for w in at['wall s']):.0f} s)")
             nbytes = r["budget bytes"].iloc[0] if "budget bytes" in r else ""
             shown = f"{budget} ({mib(nbytes)} MiB)" if budget == "per-block" and nbytes else budget
             rows.append({"model": r["model"].iloc[0], "budget": shown,
-                         "best": best, **{f"{float(t):g} s": cells.get(t, "-") for t in limits}})
+                         "best": best, **{f"{float(t):g} s": by_limit.get(t, "-") for t in limits}})
         out += block(run, pd.DataFrame(rows), right=("best",) + tuple(f"{float(t):g} s" for t in limits))
         if orders != ["descending", "ascending"]:
             out[-2:-2] = [f"Orders: {' / '.join(orders)}.", ""]
