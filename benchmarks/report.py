@@ -49,14 +49,16 @@ def caption(frame: pd.DataFrame) -> str:
     """One italic line per distinct (machine, torch, command) of ``frame``'s rows, with the dates
     of its runs in order: date(s), machine, torch, command."""
     runs: dict[tuple, list[str]] = {}
-    for date, machine, torch, command in dict.fromkeys(tuple(r) for r in frame[list(PROVENANCE)].itertuples(index=False)):
+    seen = dict.fromkeys(tuple(r) for r in frame[list(PROVENANCE)].itertuples(index=False))
+    for date, machine, torch, command in seen:
         runs.setdefault((machine, torch, command), []).append(date)
     return "\n".join(f"*{_dates(dates)} UTC; {machine}; torch {torch}; `{command}`*"
                      for (machine, torch, command), dates in runs.items())
 
 
 def _dates(dates: list[str]) -> str:
-    """``2026-12-07 07:33, 13:49``: each date after the first without the day it shares with the one before."""
+    """The run dates, each after the first without the day it shares with the one before
+    (``"D 07:33"``, ``"D 13:49"`` -> ``"D 07:33, 13:49"``)."""
     out = dates[:1]
     for before, date in zip(dates, dates[1:]):
         day, _, clock = date.partition(" ")
@@ -189,8 +191,8 @@ def depth() -> list[str]:
     simulated peak, ``min``), predicted and measured; one caption for both."""
     frame = _depth_frames()
     own, note = folded(_monet_rows(frame, lambda m: m in ("monet 50%", "monet min")), ("gradients",))
-    return (depth_at_peers() + ["monet at its own budgets:", "", markdown(own, _RIGHT), ""] + ([note, ""] if note else [])
-            + [caption(frame), ""])
+    return (depth_at_peers() + ["monet at its own budgets:", "", markdown(own, _RIGHT), ""]
+            + ([note, ""] if note else []) + [caption(frame), ""])
 
 
 def gpt2_small() -> list[str]:

@@ -2,7 +2,8 @@
 the budgets in descending and in ascending order on one plan each (as a user solves one budget
 after another), optionally beside one busy process.
 
-    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|zoo:resnet50|...] [--budgets 50%,40%,35%]
+    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|zoo:resnet50|...]
+                                            [--budgets 50%,40%,35%|per-block]
                                             [--time-limits 2,5,10,20,60] [--busy]
                                             [--csv benchmarks/results/solver-time-limits.csv]
 
@@ -11,10 +12,11 @@ after another), optionally beside one busy process.
 2 x 256 tokens, vocabulary 1024, no dropout); or ``zoo:<model>``, a configuration of MONeT's zoo at
 full scale (`monet.zoo.build`: MONeT's batch size, captured on the meta device, the zoo's profile
 or the P100 roofline, MONeT's full mode), solved by `monet.solver.solve.solve` on one captured
-graph per order (the smallest-budget search is kept on it, as a plan keeps it).  ``--budgets`` takes what `monet.optimize` takes and
-``per-block``: the simulated peak of per-block checkpointing (``torch.utils.checkpoint`` around every
-block of the model's chain, `monet.solver.structured.Structure`'s ``blocks:recompute-every``), in
-bytes, for a model with a chain of blocks.
+graph per order (the smallest-budget search is kept on it, as a plan keeps it).
+
+``--budgets`` takes what `monet.optimize` takes and ``per-block``: the simulated peak of per-block
+checkpointing (``torch.utils.checkpoint`` around every block of the model's chain,
+`monet.solver.structured.Structure.per_block`), in bytes, for a model with a chain of blocks.
 
 Each row is one ``Plan.solve(budget, time_limit=T, calibrate=False)``: the budget in bytes, its
 predicted overhead (the objective over plain PyTorch's simulated step, minus 1), its status, its
@@ -73,10 +75,10 @@ def per_block_peak(plan) -> int:
 
     mem = memory_model(plan.graph, plan.costs)
     structure = Structure(plan.graph, mem, plan.costs.fwd_recompute, allowed(mem)[2])
-    every = [c for c in structure.uniform() if c.name == "blocks:recompute-every"]
-    if not every:
+    if not structure.blocks:
         raise SystemExit("--budgets per-block: the model has no chain of identical blocks")
-    return int(simulated_peak_fn(plan.graph, plan.costs, mem)(every[0].S, every[0].R))
+    every = structure.per_block()
+    return int(simulated_peak_fn(plan.graph, plan.costs, mem)(every.S, every.R))
 
 
 class _ZooPlan:
@@ -137,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="demo",
                    help="demo, <gpt2|llama|bert>-<layers>, or zoo:<model> (MONeT's configuration; default demo)")
-    p.add_argument("--budgets", default="50%,40%,35%", help="comma-separated, from the largest: percentages, bytes, or per-block (per-block "
-                   "checkpointing's simulated peak)")
+    p.add_argument("--budgets", default="50%,40%,35%",
+                   help="comma-separated, from the largest: percentages, bytes, or per-block (per-block "
+                        "checkpointing's simulated peak)")
     p.add_argument("--time-limits", default="2,5,10,20,60", help="seconds, comma-separated")
     p.add_argument("--busy", action="store_true", help="one process spinning beside the solves")
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="raw results file (rows appended)")

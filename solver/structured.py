@@ -125,12 +125,17 @@ class Structure:
         S, R = checkpointed(self.graph, self.mem, self.keep_groups(masks), self.allow_s)
         return Candidate(name, S, R, self.mem.peak(S, R), float(self.recompute_s @ R.sum(axis=0)))
 
-    def uniform(self, policies: dict | None = None) -> list[Candidate]:
-        """One candidate per policy: every block under it but the last, which keeps everything;
-        and per-block checkpointing as ``torch.utils.checkpoint`` around every block runs it, the
+    def per_block(self, policies: dict | None = None) -> Candidate:
+        """Per-block checkpointing as ``torch.utils.checkpoint`` around every block runs it, the
         last block recomputed too (``blocks:recompute-every``)."""
         policies = self.policies() if policies is None else policies
-        out = [self.candidate("blocks:recompute-every", policies["recompute"])]
+        return self.candidate("blocks:recompute-every", policies["recompute"])
+
+    def uniform(self, policies: dict | None = None) -> list[Candidate]:
+        """One candidate per policy: every block under it but the last, which keeps everything;
+        and `per_block`."""
+        policies = self.policies() if policies is None else policies
+        out = [self.per_block(policies)]
         for name, masks in policies.items():
             masks = list(masks)
             masks[-1] = np.ones(len(self.blocks[-1]), dtype=bool)
