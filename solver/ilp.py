@@ -393,7 +393,9 @@ def _no_costlier_than_known(graph: OpGraph, mem: MemoryModel, recompute_s, allow
     best, cost = chosen, float(np.asarray(recompute_s, dtype=float) @ chosen.R.sum(axis=0))
     if start is not None and start[1] < cost and peak_of(start[3], start[4]) <= budget:
         best, cost = _Chosen(start[3], start[4], via="+start", heuristic=True), start[1]
-    cands = [(c.S, c.R, c.peak, c.cost) for c in structured_candidates(graph, mem, recompute_s, allow_s, budget)]
+    # the grown policy is not built again: the search's start holds it and its mixes
+    cands = [(c.S, c.R, c.peak, c.cost)
+             for c in structured_candidates(graph, mem, recompute_s, allow_s, budget, grow=False)]
     near = simulated_fits(cands, float(budget), peak_of)
     if near and near[0][3] < cost:
         best = _Chosen(near[0][0], near[0][1], via="+blocks", heuristic=True)

@@ -51,7 +51,9 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     # schedules of whole blocks on chains of identical blocks (`solver.structured`): per-block
     # checkpointing and its neighbours; then the repaired candidates in at most a fifth of the time
     # (on a 96-layer GPT-2 they took 35 s and fit worse)
-    cands = [(c.S, c.R, c.peak, c.cost) for c in structured_candidates(graph, mem, recompute_s, allow_s, budget)]
+    # (the grown block policy in at most half of the time on a graph the deadline bounds)
+    until = None if deadline is None else time.perf_counter() + GROW_SHARE * (deadline - time.perf_counter())
+    cands = [(c.S, c.R, c.peak, c.cost) for c in structured_candidates(graph, mem, recompute_s, allow_s, budget, until)]
     near = simulated_fits(cands, budget, peak_of)
     share = None if deadline is None or not cands else time.perf_counter() + 0.2 * (deadline - time.perf_counter())
     cands += repaired_candidates(graph, mem, frac_s, allow_s, recompute_s, share)
@@ -118,6 +120,9 @@ def search(graph: OpGraph, mem: MemoryModel, allow_s: np.ndarray, recompute_s, b
     return S, R, cost, mem.peak(S, R)
 
 
+#: the share of `search`'s time the grown block policy (`solver.structured.Structure.grown`) may
+#: take on a graph the deadline bounds
+GROW_SHARE = 0.5
 #: how far over the budget (a fraction) the ILP's memory of a block-level candidate may be for
 #: `search` and `_no_costlier_than_known` to simulate it, and how many such candidates they simulate at most
 #: (a 4-layer Llama's per-block checkpointing: 7 % over by the ILP's memory, under by the simulator's)

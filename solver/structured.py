@@ -24,6 +24,7 @@ Without a budget (the smallest-budget search) the candidates are the uniform pol
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ import numpy as np
 from monet.graph import OpGraph
 from monet.solver.blocks import Chain, find_chains
 from monet.solver.memory_model import MemoryModel
-from monet.solver.repair import checkpointed
+from monet.solver.repair import bounded, checkpointed
 
 #: operators whose outputs selective activation checkpointing keeps (torchtitan's policy: matrix
 #: products and attention; here with the addmm of GPT-2's Conv1D and convolutions)
@@ -40,6 +41,9 @@ COMPUTE_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.co
                "aten.linear.")
 #: fractions of a block's values kept by the per-byte policies (most recomputation per byte first)
 QUANTILES = (0.25, 0.5, 0.75)
+#: the moves `Structure.grown` evaluates per step, most recomputation per byte first (more while
+#: none of them fits the budget and lowers the recomputation)
+GROW_TRIES = 6
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Structure:
         self.chains = find_chains(graph) if chains is None else chains
         N = len(graph.fwd)
         self.blocks = [list(c.block(k)) for c in self.chains for k in range(c.count)]
+        self.block_chain = [ci for ci, c in enumerate(self.chains) for _ in range(c.count)]
         inside = np.zeros(N, dtype=bool)
         owner = np.full(N, -1)
         for b, nodes in enumerate(self.blocks):
@@ -144,47 +149,118 @@ class Structure:
 
     def mixes(self, uniform: list[Candidate], policies: dict, budget: float) -> list[Candidate]:
         """For each adjacent pair (A, B) of policies on the lower convex hull of the uniform
-        candidates' (peak, cost), the schedule with the most blocks under B (the latest ones, the
-        last block always keeping everything) and the rest under A whose peak fits ``budget``
-        bytes (bisected: the peak grows with the number of B blocks), and the one with one block
-        more under B, whose ILP memory is over the budget."""
+        candidates' (peak, cost) whose peaks straddle ``budget`` bytes, `mixed`'s two schedules."""
         hull = lower_hull([(c.peak, c.cost, c) for c in uniform if c.name.split(":", 1)[1] in policies])
         out = []
         for (pa, _, a), (pb, _, b) in zip(hull, hull[1:]):
-            if not pa <= budget < pb:
-                continue
-            A, Bp = policies[a.name.split(":", 1)[1]], policies[b.name.split(":", 1)[1]]
-
-            def mixed(m: int) -> Candidate:
-                n = self.n_blocks
-                masks = [Bp[k] if k >= n - 1 - m else A[k] for k in range(n - 1)]
-                masks.append(np.ones(len(self.blocks[-1]), dtype=bool))
-                return self.candidate(f"blocks:{a.name.split(':')[1]}+{m}x{b.name.split(':')[1]}", masks)
-
-            lo, hi, best = 0, self.n_blocks - 1, None
-            while lo <= hi:
-                mid = (lo + hi) // 2
-                c = mixed(mid)
-                if c.peak <= budget:
-                    best, lo = c, mid + 1
-                else:
-                    hi = mid - 1
-            if best is not None:
-                out.append(best)
-            if lo <= self.n_blocks - 1:  # one richer block, over the budget by the ILP's memory: the
-                out.append(mixed(lo))  # simulator may fit it (`monet.solver.search.search`'s ``peak_of``)
+            if pa <= budget < pb:
+                out += self.mixed(a.name.split(":", 1)[1], policies[a.name.split(":", 1)[1]],
+                                  b.name.split(":", 1)[1], policies[b.name.split(":", 1)[1]], budget)
         return out
 
-    def candidates(self, budget: float | None) -> list[Candidate]:
+    def mixed(self, a: str, A: list[np.ndarray], b: str, B: list[np.ndarray], budget: float,
+              deadline: float | None = None) -> list[Candidate]:
+        """The schedule with the most blocks under policy B (per-block masks; the latest blocks,
+        the last block always keeping everything) and the rest under A whose peak fits ``budget``
+        bytes (bisected: the peak grows with the number of B blocks), and the one with one block
+        more under B, whose ILP memory is over the budget (the simulator may fit it:
+        `monet.solver.search.search`'s ``peak_of``).  ``deadline`` (a `time.perf_counter` value)
+        stops the bisection early on a graph the search bounds (`monet.solver.repair.bounded`)."""
+        n = self.n_blocks
+        last = np.ones(len(self.blocks[-1]), dtype=bool)
+        limited = bounded(deadline, self.allow_s)
+
+        def mix(m: int) -> Candidate:
+            masks = [B[k] if k >= n - 1 - m else A[k] for k in range(n - 1)] + [last]
+            return self.candidate(f"blocks:{a}+{m}x{b}", masks)
+
+        lo, hi, best = 0, n - 1, None
+        while lo <= hi and not (limited and time.perf_counter() >= deadline):
+            mid = (lo + hi) // 2
+            c = mix(mid)
+            if c.peak <= budget:
+                best, lo = c, mid + 1
+            else:
+                hi = mid - 1
+        out = [] if best is None else [best]
+        return out + [mix(lo)] if lo <= n - 1 else out
+
+    def grown(self, budget: float, deadline: float | None = None, tries: int = GROW_TRIES) -> list[Candidate]:
+        """A block policy grown from per-block checkpointing, one kept value at a time, as far as
+        ``budget`` bytes allow, and its `mixed` with the next richer policy.
+
+        Every block but the last (which keeps everything) keeps the same values, a mask over its
+        chain's block positions.  From keeping none (the blocks' outputs only), each step tries
+        adding one position, the ``tries`` of most recomputation seconds per saved byte first
+        (more while none is taken), builds each trial's schedule (`candidate`), and takes the one
+        that removes the most recomputation seconds per byte of ILP peak added among those within
+        the limit: the budget, or the start's peak where that is higher (a kept value can lower
+        the peak: a block recomputed whole holds all its values at once).  It stops when none is
+        within it.  The cheapest step that fits the budget is returned, and where it is the last,
+        its mixes; where none fits, the last step, which the simulator may fit
+        (`monet.solver.search.simulated_fits`).  ``deadline`` (a `time.perf_counter` value, on
+        graphs the search bounds: `monet.solver.repair.bounded`) may stop it at any step.
+
+        The knapsack of rotor (Herrmann et al. 2019) and Rockmate (Zhao et al. ICML 2023) over
+        one block, with the peak the ILP's memory of the whole graph: the per-byte quantile
+        policies (`policies`) keep a block's large attention values with the small ones around
+        them, which the peak does not allow.
+
+        Returns the ``blocks:grown`` schedules (see above).
+        """
+        limited = bounded(deadline, self.allow_s)
+        saved = np.array([n.saved_bytes for n in self.graph.fwd], dtype=float)
+        moves = sorted(((ci, p) for ci, c in enumerate(self.chains) for p in range(c.period)
+                        if saved[c.start + p] > 0),
+                       key=lambda m: -self.recompute_s[self.chains[m[0]].start + m[1]]
+                       / saved[self.chains[m[0]].start + m[1]])
+        last = np.ones(len(self.blocks[-1]), dtype=bool)
+
+        def masks(policy):
+            return [policy[ci] for ci in self.block_chain][:-1] + [last]
+
+        keep = [np.zeros(c.period, dtype=bool) for c in self.chains]
+        cur = self.candidate("blocks:grown", masks(keep))
+        limit = max(budget, cur.peak)
+        fit = cur if cur.peak <= budget else None
+        over = None
+        while not (limited and time.perf_counter() >= deadline):
+            best = over = None
+            for k, (ci, p) in enumerate(m for m in moves if not keep[m[0]][m[1]]):
+                if k >= tries and best is not None:
+                    break
+                trial = [m.copy() for m in keep]
+                trial[ci][p] = True
+                c = self.candidate("blocks:grown", masks(trial))
+                if c.cost >= cur.cost:
+                    continue
+                ratio = (cur.cost - c.cost) / max(c.peak - cur.peak, 1.0)
+                if c.peak <= limit and (best is None or ratio > best[0]):
+                    best = (ratio, trial, c)
+                elif c.peak > limit and (over is None or ratio > over[0]):
+                    over = (ratio, trial)
+            if best is None:
+                break
+            _, keep, cur = best
+            if cur.peak <= budget:
+                fit, limit = cur, budget
+        if fit is None:
+            return [cur]
+        if fit is not cur or over is None:
+            return [fit]
+        return [fit] + self.mixed("grown", masks(keep), "grown+1", masks(over[1]), budget, deadline)
+
+    def candidates(self, budget: float | None, deadline: float | None = None, grow: bool = True) -> list[Candidate]:
         """The block-level candidates for ``budget`` bytes (None: for the smallest budget): the
-        uniform policies and their best mixes under the budget."""
+        uniform policies, their best mixes under the budget, and (``grow``) the policy `grown`
+        under it (until ``deadline``, a `time.perf_counter` value, on a graph the search bounds)."""
         if not self.blocks:
             return []
         policies = self.policies()
         uniform = self.uniform(policies)
         out = list(uniform)
         if budget is not None:
-            out += self.mixes(uniform, policies, budget)
+            out += self.mixes(uniform, policies, budget) + (self.grown(budget, deadline) if grow else [])
         return out
 
 
@@ -210,12 +286,12 @@ def lower_hull(points: list[tuple]) -> list[tuple]:
 
 
 def structured_candidates(graph: OpGraph, mem: MemoryModel, recompute_s, allow_s: np.ndarray,
-                          budget: float | None) -> list[Candidate]:
+                          budget: float | None, deadline: float | None = None, grow: bool = True) -> list[Candidate]:
     """`Structure.candidates` of ``graph`` (none without chains of identical blocks or without a
     joint graph to read their signatures from)."""
     if graph.joint is None:
         return []
-    return Structure(graph, mem, recompute_s, allow_s).candidates(budget)
+    return Structure(graph, mem, recompute_s, allow_s).candidates(budget, deadline, grow)
 
 
-__all__ = ["COMPUTE_OPS", "Candidate", "QUANTILES", "Structure", "lower_hull", "structured_candidates"]
+__all__ = ["COMPUTE_OPS", "Candidate", "GROW_TRIES", "QUANTILES", "Structure", "lower_hull", "structured_candidates"]
