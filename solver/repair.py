@@ -110,11 +110,12 @@ def _trim(graph: OpGraph, mem: MemoryModel, S: np.ndarray, R: np.ndarray) -> np.
 
 
 #: below this many (stage, group) cells of S (T, G), every candidate of `repaired_candidates` is
-#: built and `smallest_candidate` simulates all its best, whatever the deadline says (a repair is
-#: linear in the cells: about 7 ms at 10,000), so that the candidates do not depend on the
+#: built, `smallest_candidate` simulates all its best, and `drop_greedily` runs to its end,
+#: whatever the deadline says (a repair is linear in the cells: about 7 ms at 10,000; the greedy
+#: repairs up to eight times per value it drops), so that the candidates do not depend on the
 #: machine's speed (docs/design.md, "Note [Small problems are solved whole]"); above it the
 #: deadline bounds them (on a 96-layer Llama they took 100 s)
-ALWAYS_BUILT_CELLS = 250_000
+ALWAYS_BUILT_CELLS = 100_000
 
 
 def bounded(deadline: float | None, allow_s: np.ndarray) -> bool:
