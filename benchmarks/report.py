@@ -287,22 +287,22 @@ def runs_merged(name: str, right: tuple[str, ...] = ()) -> Callable[[], list[str
 
 
 def solver_time_limits() -> list[str]:
-    """Per run (provenance), one row per budget: the lowest predicted overhead of the run, and
-    within each time limit the objective against that lowest in each order of the solves
-    (descending / ascending budgets) with the longer solve's wall time
-    (`benchmarks/solver_time_limits.py`)."""
+    """Per run (provenance), one row per model and budget: the lowest predicted overhead of the
+    run, and within each time limit the objective against that lowest in each order of the solves
+    (descending / ascending budgets; one figure where they agree) with the longer solve's wall
+    time (`benchmarks/solver_time_limits.py`)."""
     out = []
     for _, run in read("solver-time-limits.csv").groupby(list(PROVENANCE), sort=False):
         limits = list(dict.fromkeys(run["time limit s"]))
         orders = list(dict.fromkeys(run["order"]))
         rows = []
-        for budget, r in run.groupby("budget", sort=False):
+        for (_, budget), r in run.groupby(["model", "budget"], sort=False):
             best = min(r["predicted overhead"], key=lambda o: float(o.split()[0]))
             by_limit = {}
             for t, at in r.groupby("time limit s", sort=False):
-                gaps = dict(zip(at["order"], at["vs best"].str.replace(" %", "")))
-                by_limit[t] = (" / ".join(gaps.get(o, "-") for o in orders)
-                            + f" % ({max(float(w) for w in at['wall s']):.0f} s)")
+                gaps = [dict(zip(at["order"], at["vs best"].str.replace(" %", ""))).get(o, "-") for o in orders]
+                shown = gaps[0] if len(set(gaps)) == 1 else " / ".join(gaps)  # one figure where the orders agree
+                by_limit[t] = f"{shown} % ({max(float(w) for w in at['wall s']):.0f} s)"
             nbytes = r["budget bytes"].iloc[0] if "budget bytes" in r else ""
             shown = f"{budget} ({mib(nbytes)} MiB)" if budget == "per-block" and nbytes else budget
             rows.append({"model": r["model"].iloc[0], "budget": shown,
@@ -399,7 +399,7 @@ SECTIONS = (
     Section("Solver: the schedule a time limit buys", "A model solved at each budget within "
             "each time limit, one budget after another on one plan, in both orders. *best*: the lowest "
             "predicted overhead of that budget in the run; each limit: the objective against that lowest, "
-            "descending / ascending, and the longer solve's wall time (`Plan.solve(..., calibrate=False)`; "
+            "descending / ascending (one figure where they agree), and the longer solve's wall time (`Plan.solve(..., calibrate=False)`; "
             "`benchmarks/solver_time_limits.py`; `--busy`: beside one busy process). *per-block*: the budget "
             "at per-block checkpointing's simulated peak.", solver_time_limits,
             ("solver-time-limits.csv",)),

@@ -2,7 +2,7 @@
 the budgets in descending and in ascending order on one plan each (as a user solves one budget
 after another), optionally beside one busy process.
 
-    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|zoo:resnet50|...]
+    python benchmarks/solver_time_limits.py [--model demo|gpt2-24|llama-96|zoo:resnet50,zoo:unet|...]
                                             [--budgets 50%,40%,35%|per-block]
                                             [--time-limits 2,5,10,20,60] [--busy]
                                             [--csv benchmarks/results/solver-time-limits.csv]
@@ -12,7 +12,8 @@ after another), optionally beside one busy process.
 2 x 256 tokens, vocabulary 1024, no dropout); or ``zoo:<model>``, a configuration of MONeT's zoo at
 full scale (`monet.zoo.build`: MONeT's batch size, captured on the meta device, the zoo's profile
 or the P100 roofline, MONeT's full mode), solved by `monet.solver.solve.solve` on one captured
-graph per order (the smallest-budget search is kept on it, as a plan keeps it).
+graph per order (the smallest-budget search is kept on it, as a plan keeps it).  Several models,
+comma-separated, are solved one after another in one run (one table).
 
 ``--budgets`` takes what `monet.optimize` takes and ``per-block``: the simulated peak of per-block
 checkpointing (``torch.utils.checkpoint`` around every block of the model's chain,
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="demo",
-                   help="demo, <gpt2|llama|bert>-<layers>, or zoo:<model> (MONeT's configuration; default demo)")
+                   help="demo, <gpt2|llama|bert>-<layers>, or zoo:<model> (MONeT's configuration); several "
+                        "comma-separated, each solved at every budget (default demo)")
     p.add_argument("--budgets", default="50%,40%,35%",
                    help="comma-separated, from the largest: percentages, bytes, or per-block (per-block "
                         "checkpointing's simulated peak)")
@@ -153,15 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     if busy is not None:
         busy.start()
     try:
-        rows = [r for order in ("descending", "ascending") for r in solve_rows(args.model, budgets, limits, order)]
+        rows = [r for name in args.model.split(",") if name.strip()
+                for order in ("descending", "ascending") for r in solve_rows(name.strip(), budgets, limits, order)]
     finally:
         if busy is not None:
             busy.terminate()
     best = {}
     for r in rows:
-        best[r["budget"]] = min(best.get(r["budget"], float("inf")), r["objective s"])
+        key = (r["model"], r["budget"])
+        best[key] = min(best.get(key, float("inf")), r["objective s"])
     for r in rows:
-        r["vs best"] = f"{100 * (r['objective s'] / best[r['budget']] - 1):+.1f} %"
+        r["vs best"] = f"{100 * (r['objective s'] / best[r['model'], r['budget']] - 1):+.1f} %"
         r["busy process"] = "yes" if args.busy else "no"
     # a model's budgets solved again replace their earlier rows: the table is of today's solver
     measured = {(r["model"], r["budget"]) for r in rows}
