@@ -396,12 +396,12 @@ SECTIONS = (
             "to 33 % of the simulated plain peak and at the smallest budget, full mode, analytic P100 costs "
             "(`benchmarks/bench_solver.py`; MONeT's fast formulation, CBC): the objective against the LP bound and "
             "against the best schedule known (`benchmarks/best_known.csv`).", as_is("solver.csv", drop=("formulation", "solver")), ("solver.csv",)),
-    Section("Solver: the schedule a time limit buys", "A model solved at each budget within "
-            "each time limit, one budget after another on one plan, in both orders. *best*: the lowest "
-            "predicted overhead of that budget in the run; each limit: the objective against that lowest, "
-            "descending / ascending (one figure where they agree), and the longer solve's wall time (`Plan.solve(..., calibrate=False)`; "
-            "`benchmarks/solver_time_limits.py`; `--busy`: beside one busy process). *per-block*: the budget "
-            "at per-block checkpointing's simulated peak.", solver_time_limits,
+    Section("Solver: the schedule a time limit buys", "Each model solved at each budget within each "
+            "time limit, one budget after another on one plan, in both orders (`Plan.solve(..., calibrate=False)`, "
+            "`benchmarks/solver_time_limits.py`; `--busy`: beside one busy process). *best*: the run's lowest "
+            "predicted overhead at that budget; per limit: the objective against it, descending / ascending "
+            "(one figure where they agree), and the longer wall time. *per-block*: per-block checkpointing's "
+            "simulated peak.", solver_time_limits,
             ("solver-time-limits.csv",)),
     Section("Schedule zoo", "The prebuilt schedules (`monet zoo list`), predicted by the simulator with the "
             "costs each entry names, not measured.\n\n![predicted peak against overhead](docs/zoo_frontier.png)",
