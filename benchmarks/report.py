@@ -360,25 +360,23 @@ SECTIONS = (
             "one command share a table: a cell holds each run's value in the caption's order, or the one they share.",
             runs_merged("demo.csv", right=("budget MiB", "predicted MiB", "peak MiB", "% of plain",
                                            "predicted overhead", "overhead")), ("demo.csv",)),
-    Section("Deep networks", "transformers' GPT-2, Llama and BERT built from a config (hidden 256, 2 x 256 "
-            "tokens, vocabulary 1024), 12 to 96 layers, fp32 and bf16 autocast, each configuration in a process "
-            "of its own (`benchmarks/depth.py`). The peers are transformers' activation checkpointing every 1, 2 "
-            "or 4 layers and with offload, torch's selective checkpointing with torchtitan's policy, and "
-            "`torch.compile`'s activation memory budget 0.5; monet is solved at each peer's measured peak. "
-            "The reference is plain PyTorch. The first table compares overheads at each peer's peak; the second "
-            "gives monet at 50 % of plain PyTorch's simulated peak and at `budget=\"min\"`, predicted beside "
-            "measured.\n\n![overhead against measured peak](docs/depth.png)", depth, DEPTH_FILES),
+    Section("Deep networks", "transformers' GPT-2, Llama and BERT from a config (hidden 256, 2 x 256 tokens, "
+            "vocabulary 1024), 12 to 96 layers, fp32 and bf16 autocast, one process per configuration "
+            "(`benchmarks/depth.py`). Peers: transformers' checkpointing every 1, 2 or 4 layers and with offload, "
+            "torch's selective checkpointing (torchtitan's policy), `torch.compile`'s activation memory budget "
+            "0.5; monet is solved at each peer's measured peak. Reference: plain PyTorch. First table: overheads "
+            "at each peer's peak; second: monet at 50 % of plain PyTorch's simulated peak and at "
+            "`budget=\"min\"`, predicted beside measured.\n\n![overhead against measured peak](docs/depth.png)", depth, DEPTH_FILES),
     Section("GPT-2 small on the CPU", "transformers' GPT-2 small (12 x 768, vocabulary 50,257, 2 x 512 tokens), "
             "with and without the chunked language-model loss (`lm_loss=\"chunked\"`), against per-block "
-            "checkpointing. The reference is plain PyTorch.", gpt2_small, ("gpt2-small-cpu.csv",)),
+            "checkpointing. Reference: plain PyTorch.", gpt2_small, ("gpt2-small-cpu.csv",)),
     Section("Compiled: monet against torch.compile (CPU)", "`monet.optimize(..., compile=True)` against what a "
             "`torch.compile` user has (`benchmarks/compiled.py`): `activation_memory_budget` 0.5, 0.3 and 0.1, "
-            "and transformers' per-block checkpointing under `torch.compile`, on transformers' GPT-2, Llama and "
-            "BERT (hidden 256, 2 x 256 tokens, vocabulary 1024) and the demo's ResNet-50 (layers -). The "
-            "reference is plain `torch.compile` (Inductor, no budget). The first table compares overheads at "
-            "each peer's peak; the second gives monet compiled at its own budgets. Start-up: `monet.optimize` "
-            "plus the first step; loss drift (bf16): the largest relative difference of the loss from the "
-            "reference's over 20 SGD steps.",
+            "and transformers' per-block checkpointing under `torch.compile`, on the depth benchmark's GPT-2, "
+            "Llama and BERT and the demo's ResNet-50 (layers -). Reference: plain `torch.compile` (Inductor, no "
+            "budget). First table: overheads at each peer's peak; second: monet compiled at its own budgets. "
+            "Start-up: `monet.optimize` plus the first step; loss drift (bf16): the largest relative difference "
+            "of the loss from the reference's over 20 SGD steps.",
             compiled, ("compiled.csv",)),
     Section("Gradient precision", "The largest relative gradient difference after one step on the demo's "
             "ResNet-50, against eager PyTorch and against `torch.compile`, in float32 and float64: a gap that "
@@ -386,8 +384,8 @@ SECTIONS = (
             as_is("gradient_precision.csv"), ("gradient_precision.csv",)),
     Section("Real models (torchvision, timm, transformers)", "The tiny models of `tests/reach_models.py` and the "
             "zoo's models at their CPU configuration (`benchmarks/reach_table.py`): the smallest budgets in "
-            "normal and full mode, and monet's overhead beside Chen's and `torch.compile`'s. The reference is "
-            "plain PyTorch.", as_is("reach.csv", "zoo-models.csv", drop=("notes",)), ("reach.csv", "zoo-models.csv")),
+            "normal and full mode, and monet's overhead beside Chen's and `torch.compile`'s. Reference: plain "
+            "PyTorch.", as_is("reach.csv", "zoo-models.csv", drop=("notes",)), ("reach.csv", "zoo-models.csv")),
     Section("Predicted against measured overhead", "The same schedules: the cost model's prediction, the "
             "calibrated one and two measurements (*points*: |predicted - measured| in percentage points).",
             as_is("reach-prediction.csv", "zoo-models-prediction.csv"),
