@@ -150,12 +150,14 @@ class Structure:
     def mixes(self, uniform: list[Candidate], policies: dict, budget: float) -> list[Candidate]:
         """For each adjacent pair (A, B) of policies on the lower convex hull of the uniform
         candidates' (peak, cost) whose peaks straddle ``budget`` bytes, `mixed`'s two schedules."""
-        hull = lower_hull([(c.peak, c.cost, c) for c in uniform if c.name.split(":", 1)[1] in policies])
+        def policy(c: Candidate) -> str:
+            return c.name.split(":", 1)[1]
+
+        hull = lower_hull([(c.peak, c.cost, c) for c in uniform if policy(c) in policies])
         out = []
         for (pa, _, a), (pb, _, b) in zip(hull, hull[1:]):
             if pa <= budget < pb:
-                out += self.mixed(a.name.split(":", 1)[1], policies[a.name.split(":", 1)[1]],
-                                  b.name.split(":", 1)[1], policies[b.name.split(":", 1)[1]], budget)
+                out += self.mixed(policy(a), policies[policy(a)], policy(b), policies[policy(b)], budget)
         return out
 
     def mixed(self, a: str, A: list[np.ndarray], b: str, B: list[np.ndarray], budget: float,
@@ -241,7 +243,7 @@ class Structure:
                     over = (ratio, trial)
             if best is None:
                 break
-            _, keep, cur = best
+            (_, keep, cur), over = best, None  # the mix needs a richer trial of the policy kept now
             if cur.peak <= budget:
                 fit, limit = cur, budget
         if fit is None:
