@@ -9,7 +9,7 @@ graph per implementation describes every combination (MONeT, Shah et al. ICLR 20
 `chosen_graph` applies one option per choice and combines the costs of the chosen options.
 
 `full_model` caches the options and their memory model per graph (`rescaled_full_model` registers
-them for costs whose recomputation was calibrated); `lean_impls`, `fixed_time`,
+them for costs whose recomputation was calibrated); `lean_impls`, `fastest_impls`, `fixed_time`,
 `no_recompute_bound` and `round_options` are what the full-mode portfolio (`solver.portfolio`) and
 the smallest-budget search (`solver.smallest`) read from the options.
 """
@@ -184,15 +184,31 @@ def fixed_time(graph: OpGraph, costs: CostArrays, options) -> float:
                  + sum(costs.bwd_time[t] for t in range(len(graph.bwd)) if t not in governed))
 
 
+def _fastest(options) -> dict[str, tuple[float, str]]:
+    """{choice key: (seconds, implementation)} of each choice's fastest option by `option_seconds`
+    (ties: the first listed, PyTorch's)."""
+    best: dict[str, tuple[float, str]] = {}
+    for o in options:
+        s = option_seconds(o)
+        if o.key not in best or s < best[o.key][0]:
+            best[o.key] = (s, o.impl)
+    return best
+
+
+def fastest_impls(options) -> dict[str, str]:
+    """The fastest implementation of each choice with nothing recomputed (`option_seconds`), PyTorch's
+    ("default") left out.  Its schedules can beat both PyTorch's and the lean sets' at a budget
+    where what each option stores matters less than its time (design.md, "Full mode is a
+    portfolio")."""
+    return {k: impl for k, (_, impl) in _fastest(options).items() if impl != DEFAULT}
+
+
 def no_recompute_bound(graph: OpGraph, costs: CostArrays, options) -> float:
     """A lower bound (seconds) on any full-mode schedule's iteration time: the forward and backward
     time with the fastest implementation of every choice and no recomputation.  Valid whatever
     the budget; at loose budgets the LP relaxation's bound equals it (ResNet-50 at batch 184, 70 %:
     0.6139 s both), and it stands in when the relaxation does not finish in time."""
-    fastest: dict[str, float] = {}
-    for o in options:
-        fastest[o.key] = min(fastest.get(o.key, float("inf")), option_seconds(o))
-    return fixed_time(graph, costs, options) + sum(fastest.values())
+    return fixed_time(graph, costs, options) + sum(s for s, _ in _fastest(options).values())
 
 
 def round_options(options, M_frac) -> dict[str, str]:

@@ -216,3 +216,38 @@ def test_shares_follow_the_table(case, monkeypatch):
                          policy=dataclasses.replace(portfolio.POLICY, steps=steps))
     assert seen["bound"] == pytest.approx(0.1 * LIMIT)
     assert seen["joint"] == pytest.approx(0.2 * LIMIT)
+
+
+def test_the_fastest_set_is_each_choice_s_fastest_option_and_the_portfolio_beats_it(case, monkeypatch):
+    """`fastest_impls` picks, per choice, an option of the least forward and backward seconds
+    (`option_seconds`), leaving PyTorch's out; where that set is new, the portfolio runs it, and
+    its schedule is no slower than the one the fixed set gives alone."""
+    from monet.solver.choices import (analytic_cost_fn, fastest_impls, fixed_time, full_model,
+                                      no_recompute_bound, option_seconds)
+
+    _, graph, costs, eager = case
+    options, _ = full_model(graph, costs, FULL, "cpu", analytic_cost_fn())
+    fastest = fastest_impls(options)
+    by_key = {}
+    for o in options:
+        by_key.setdefault(o.key, []).append(o)
+    assert set(fastest) <= set(by_key)
+    for key, opts in by_key.items():
+        least = min(option_seconds(o) for o in opts)
+        chosen = [o for o in opts if o.impl == fastest.get(key, "default")]
+        assert len(chosen) == 1 and option_seconds(chosen[0]) == least, key
+    assert no_recompute_bound(graph, costs, options) == pytest.approx(
+        fixed_time(graph, costs, options) + sum(min(option_seconds(o) for o in opts) for opts in by_key.values()))
+
+    ran = []
+    real = portfolio._Run.fastest_impls
+    monkeypatch.setattr(portfolio._Run, "fastest_impls",
+                        lambda self, step, seconds: (ran.append(step.name), real(self, step, seconds)))
+    budget = int(0.9 * eager)
+    full = solve(graph, costs, budget, FULL, time_limit=LIMIT)
+    new = fastest not in ({}, portfolio.lean_impls(options, cheap=True))
+    assert ran == (["fastest_impls"] if new else [])
+    if new:
+        ref = dict(mode=FULL, eager=eager, eager_time=costs.plain_time, gap=0.0, progress=None)
+        alone = portfolio._solve_fixed(graph, costs, options, fastest, budget, None, "CBC", LIMIT, False, ref)
+        assert alone is not None and full.meta.objective_s <= alone.meta.objective_s * (1 + 1e-9)
