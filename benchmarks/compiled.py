@@ -146,7 +146,7 @@ def _rows(cfg: dict) -> None:
             value = value if isinstance(value, torch.Tensor) else value["loss"]
             value.backward()
             opt.step()
-            out.append(float(value))
+            out.append(float(value.detach()))
         return out
 
     reference = torch.compile(loss(copy.deepcopy(model)))
