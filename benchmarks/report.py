@@ -238,13 +238,19 @@ def compiled_at_peers(frame: pd.DataFrame) -> list[str]:
 
 def compiled_own(frame: pd.DataFrame) -> list[str]:
     """monet compiled at its own budgets (50 %, 30 % and 100 % of plain PyTorch's simulated peak),
-    predicted beside measured, with the start-up and, in bf16, the loss drift."""
+    predicted beside measured, with the start-up and, in bf16, the loss drift; the infeasible
+    budgets in one line under the table, each with the smallest budget it names."""
     plain = {_compiled_config(r): float(r.peak) for r in frame.itertuples() if r.method == "torch.compile" and r.peak}
     drift = {(_compiled_config(r), r.method[:-len(" (losses)")]): r.loss_drift for r in frame.itertuples()
              if r.method.endswith(" (losses)")}
-    rows = []
+    rows, infeasible = [], []
     for r in frame.itertuples():
         if r.method not in ("monet compiled 50%", "monet compiled 30%", "monet compiled 100%"):
+            continue
+        if r.error and _failed(r.error).startswith("infeasible: smallest "):
+            layers = f" {r.layers}" if r.layers != "0" else ""
+            infeasible.append(f"{r.model}{layers} {r.dtype} {r.method.rsplit(' ', 1)[1]}: "
+                              + _failed(r.error).rsplit(" ", 2)[1])
             continue
         base = plain.get(_compiled_config(r))
         d = drift.get((_compiled_config(r), r.method))
@@ -255,8 +261,10 @@ def compiled_own(frame: pd.DataFrame) -> list[str]:
                      "start-up s": f"{float(r.startup_s):.0f}" if r.startup_s else "-",
                      "gradients": _failed(r.error) if r.error else r.grads or "-",
                      "loss drift": f"{float(d):.1e}" if d else "-"})
-    return [markdown(pd.DataFrame(rows), ("layers", "budget MiB", "peak MiB", "of torch.compile", "overhead",
-                                          "predicted", "start-up s")), ""]
+    table = [markdown(pd.DataFrame(rows), ("layers", "budget MiB", "peak MiB", "of torch.compile", "overhead",
+                                           "predicted", "start-up s")), ""]
+    return table + ([f"Infeasible, with the smallest budget each names (MiB): {'; '.join(infeasible)}.", ""]
+                    if infeasible else [])
 
 
 def compiled() -> list[str]:
