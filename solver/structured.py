@@ -201,9 +201,7 @@ class Structure:
         within it.  The cheapest step that fits the budget is returned, and where it is the last,
         its mixes; where none fits, the last step, which the simulator may fit
         (`monet.solver.search.simulated_fits`).  ``deadline`` (a `time.perf_counter` value, on
-        graphs the search bounds: `monet.solver.repair.bounded`) may stop it at any step, and
-        there a step tries at most as many moves as half the time left builds (at least one, as
-        long as the start's schedule took): on a long chain, more steps of fewer trials each.
+        graphs the search bounds: `monet.solver.repair.bounded`) may stop it at any step.
 
         The knapsack of rotor (Herrmann et al. 2019) and Rockmate (Zhao et al. ICML 2023) over
         one block, with the peak the ILP's memory of the whole graph: the per-byte quantile
@@ -224,17 +222,14 @@ class Structure:
             return [policy[ci] for ci in self.block_chain][:-1] + [last]
 
         keep = [np.zeros(c.period, dtype=bool) for c in self.chains]
-        t0 = time.perf_counter()
         cur = self.candidate("blocks:grown", masks(keep))
-        build_s = time.perf_counter() - t0  # what one trial's schedule takes
         limit = max(budget, cur.peak)
         fit = cur if cur.peak <= budget else None
         over = None
         while not (limited and time.perf_counter() >= deadline):
             best = over = None
-            width = tries if not limited else max(1, min(tries, int((deadline - time.perf_counter()) / (2 * build_s))))
             for k, (ci, p) in enumerate(m for m in moves if not keep[m[0]][m[1]]):
-                if k >= width and best is not None:
+                if k >= tries and best is not None:
                     break
                 trial = [m.copy() for m in keep]
                 trial[ci][p] = True
