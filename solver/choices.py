@@ -129,18 +129,16 @@ def lean_impls(options, cheap: bool = False) -> dict[str, str]:
     from monet.impls import IMPLS
 
     default = {o.key: option_seconds(o) for o in options if o.impl == "default"}
-    best: dict[str, tuple] = {}
-    for o in options:
+
+    def rank(o):
         if cheap and o.key in default and option_seconds(o) > 1.05 * default[o.key] + 1e-9:
-            continue
+            return None
         if o.impl in IMPLS and not IMPLS[o.impl].lean:
-            continue
+            return None
         token = IMPLS[o.impl].token if o.impl in IMPLS else ""
         ws = sum(float(o.bwd_workspace[t]) for t in o.governed) + (float(o.fwd_workspace[o.node]) if o.node >= 0 else 0)
-        rank = (0 if token == "newnode" else 1, ws, o.impl != "default")
-        if o.key not in best or rank < best[o.key][0]:
-            best[o.key] = (rank, o.impl)
-    return {k: v for k, (_, v) in best.items() if v != "default"}
+        return (0 if token == "newnode" else 1, ws, o.impl != "default")
+    return {k: v for k, (_, v) in _best_per_choice(options, rank).items() if v != "default"}
 
 
 def full_model(graph: OpGraph, costs: CostArrays, mode: str, device: str = "cpu", cost_fn=None, progress=None):
@@ -184,14 +182,14 @@ def fixed_time(graph: OpGraph, costs: CostArrays, options) -> float:
                  + sum(costs.bwd_time[t] for t in range(len(graph.bwd)) if t not in governed))
 
 
-def _fastest(options) -> dict[str, tuple[float, str]]:
-    """{choice key: (seconds, implementation)} of each choice's fastest option by `option_seconds`
-    (ties: the first listed, PyTorch's)."""
-    best: dict[str, tuple[float, str]] = {}
+def _best_per_choice(options, rank) -> dict[str, tuple]:
+    """{choice key: (rank, implementation)} of the option of least ``rank(option)`` in each choice
+    (ties: the first listed, PyTorch's first); an option ranked None is left out."""
+    best: dict[str, tuple] = {}
     for o in options:
-        s = option_seconds(o)
-        if o.key not in best or s < best[o.key][0]:
-            best[o.key] = (s, o.impl)
+        r = rank(o)
+        if r is not None and (o.key not in best or r < best[o.key][0]):
+            best[o.key] = (r, o.impl)
     return best
 
 
@@ -200,7 +198,7 @@ def fastest_impls(options) -> dict[str, str]:
     ("default") left out.  Its schedules can beat both PyTorch's and the lean sets' at a budget
     where what each option stores matters less than its time (design.md, "Full mode is a
     portfolio")."""
-    return {k: impl for k, (_, impl) in _fastest(options).items() if impl != DEFAULT}
+    return {k: impl for k, (_, impl) in _best_per_choice(options, option_seconds).items() if impl != DEFAULT}
 
 
 def no_recompute_bound(graph: OpGraph, costs: CostArrays, options) -> float:
@@ -208,7 +206,7 @@ def no_recompute_bound(graph: OpGraph, costs: CostArrays, options) -> float:
     time with the fastest implementation of every choice and no recomputation.  Valid whatever
     the budget; at loose budgets the LP relaxation's bound equals it (ResNet-50 at batch 184, 70 %:
     0.6139 s both), and it stands in when the relaxation does not finish in time."""
-    return fixed_time(graph, costs, options) + sum(s for s, _ in _fastest(options).values())
+    return fixed_time(graph, costs, options) + sum(s for s, _ in _best_per_choice(options, option_seconds).values())
 
 
 def round_options(options, M_frac) -> dict[str, str]:

@@ -117,9 +117,9 @@ POLICY = Policy(steps=(
     Step("cheap_lean_impls", "normal mode's ILP with the cheap memory-lean implementations fixed",
          when=("options", "above_lp_bound", "cheap_lean"), of_left=1.0, to_stop=True, weight=1.0,
          weight_large_fastest=2.0, cap_once_proven=(2.0, 0.1)),
-    # each choice's fastest implementation, whatever it stores: GoogLeNet at batch 320 and 33 %,
-    # fixed for 1 s, -0.6 % against plain PyTorch's time where PyTorch's set gave +12.5 % and the
-    # cheap lean set +64 % (the joint search found it only after 20 s)
+    # each choice's fastest implementation, whatever it stores: with it GoogLeNet at batch 320 and
+    # 33 % is within 2 % of its best schedule from a 2 s limit on (BENCHMARKS.md, "Solver: the
+    # schedule a time limit buys"); the joint search reaches such mixed choices only after 20 s
     Step("fastest_impls", "normal mode's ILP with each choice's fastest implementation fixed",
          when=("options", "above_lp_bound", "fastest_new"), of_left=1.0, to_stop=True, weight=1.0,
          weight_large_fastest=2.0, cap_once_proven=(2.0, 0.1)),
