@@ -118,8 +118,9 @@ POLICY = Policy(steps=(
          when=("options", "above_lp_bound", "cheap_lean"), of_left=1.0, to_stop=True, weight=1.0,
          weight_large_fastest=2.0, cap_once_proven=(2.0, 0.1)),
     # each choice's fastest implementation, whatever it stores: with it GoogLeNet at batch 320 and
-    # 33 % is within 2 % of its best schedule from a 2 s limit on (BENCHMARKS.md, "Solver: the
-    # schedule a time limit buys"); the joint search reaches such mixed choices only after 20 s
+    # 33 % is within 2 % of its best schedule from a 2 s limit on
+    # (BENCHMARKS.md, "Solver: the schedule a time limit buys"); the joint search reaches such
+    # mixed choices only after 20 s
     Step("fastest_impls", "normal mode's ILP with each choice's fastest implementation fixed",
          when=("options", "above_lp_bound", "fastest_new"), of_left=1.0, to_stop=True, weight=1.0,
          weight_large_fastest=2.0, cap_once_proven=(2.0, 0.1)),
