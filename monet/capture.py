@@ -20,16 +20,19 @@ from monet.frontend import (CaptureError, describe_export_failure, kinds_by_name
 from monet.graph import OpGraph, build_opgraph
 from monet.impls.dropout import match_eager_dropout
 from monet.inputs import ExampleInputs, call_key
+from monet.shape_reads import standin_shape_reads
 from monet.stack import export_stack
 
 
 def opgraph_of(joint: torch.fx.GraphModule, num_fwd_outputs: int, sources: dict, autocast) -> OpGraph:
     """The `OpGraph` of the joint graph AOTAutograd traced (at a capture, and again at the wrapper's
     first training call): its dropout's backward scale made eager's first
-    (`monet.impls.dropout.match_eager_dropout`), its inputs' kinds and sources from ``sources``
-    (`monet.frontend.primal_sources`), under the autocast setting ``autocast``
+    (`monet.impls.dropout.match_eager_dropout`), the arguments its backward reads for their shape
+    only given a stand-in (`monet.shape_reads.standin_shape_reads`), its inputs' kinds and sources
+    from ``sources`` (`monet.frontend.primal_sources`), under the autocast setting ``autocast``
     (`monet.mixed_precision`)."""
     match_eager_dropout(joint)
+    standin_shape_reads(joint)
     graph = build_opgraph(joint, num_fwd_outputs, kinds_by_name(joint, primal_kinds(sources)), autocast=autocast)
     graph.primal_sources = sources
     return graph

@@ -140,6 +140,30 @@ def test_recomputations_are_in_the_compiled_backward(plan):
     assert counts["least"][0] == counts["least"][1] == counts["keep"][1] + len(recomputed), counts
 
 
+def _unread_inputs(code: str) -> list[str]:
+    """The inputs of an Inductor wrapper's ``call`` that its code never reads after unpacking them:
+    each stays allocated until the call returns."""
+    body = code[code.index("def call(self, args):"):]
+    unpack, rest = body.split("args.clear()", 1)
+    names = re.findall(r"\b(arg\d+_1|primals_\d+|tangents_\d+)\b", unpack.split("=")[0])
+    return [n for n in names if not re.search(rf"\b{n}\b", rest)]
+
+
+def test_the_compiled_backward_reads_every_value_it_is_given(plan):
+    """The loss's backward reads the log-probabilities for their shape only: the graph gives it a
+    stand-in (`monet.shape_reads`), so no schedule keeps them for it, and the compiled backward
+    holds no value it never reads (Inductor would keep one allocated through the whole backward)."""
+    plan, x, y = plan
+    losses = [n for n in plan.graph.bwd if n.op == "aten.nll_loss_backward.default"]
+    read = [plan.graph.fwd[i].op for n in losses for i in n.fwd_inputs]
+    assert losses and "aten._log_softmax.default" not in read, read
+    for budget in ("100%", "min"):
+        wrapper = plan.wrap(plan.solve(budget, time_limit=10), WithLoss(copy.deepcopy(plan.module.model),
+                                                                       F.cross_entropy))
+        _step(wrapper, x, y)
+        assert _unread_inputs(compat.inductor_source(wrapper.scheduled.monet_compiled["bw_code"])) == [], budget
+
+
 def test_recomputed_dropout_reads_its_saved_draws():
     """The keep-all schedule with every dropout recomputed in the first stage instead of kept: the
     same loss and gradients from the same seed (a dropout drawn again would draw other masks)."""
