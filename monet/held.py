@@ -6,7 +6,8 @@ inlined across stages holds a recomputed value past its stage.  So `hold_budget`
 compiled step once (which compiles it: the first training step then runs at once); where its
 peak is over the budget it measures the same schedule pinned to its stages
 (`monet.compiled.compilers`' ``pinned``), and where that is over too, solves again at a budget
-lowered by the excess.
+lowered by the excess, or, where that is below the smallest feasible budget, measures the
+smallest schedule.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
         budget: bytes; None for the smallest budget (``budget="min"``): the schedule is kept and
             its budget raised to its measured peak where that is higher.
         measure: the peak in bytes of one training step of a solution (compiled and run).
-        resolve: the schedule at a budget in bytes (raises `InfeasibleBudgetError` below the
-            smallest).
+        resolve: the schedule at a budget in bytes; below the smallest feasible budget, the
+            schedule at the smallest (its ``meta.budget_bytes`` then above the one asked).
         log: where each measurement and new solve is said.
         pin: the same solution compiled pinned to its stages (default `pinned`).
         tries: schedules solved at most.
@@ -51,11 +52,12 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
         is ``budget`` (or the measured peak, for the smallest budget).
 
     Raises:
-        InfeasibleBudgetError: no schedule measured under ``budget`` within ``tries``, or the
-            lowered budget is below the smallest feasible one; ``min_budget_bytes`` is then the
-            least measured peak, a budget that schedule fits.
+        InfeasibleBudgetError: no schedule measured under ``budget`` within ``tries``, the
+            smallest schedule among them; ``min_budget_bytes`` is then the least measured peak,
+            a budget that schedule fits.
     """
     target, tried, pinning = budget, False, False  # pinned measured yet; the schedules since pinned
+    least = smallest = None  # the least measured peak; whether the schedule is the smallest one
     for attempt in range(tries):
         sol = pin(sol) if pinning and not sol.meta.compile_pinned else sol
         peak = _measured(sol, measure)
@@ -66,6 +68,7 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
             log(f"the compiled step measured {fmt_size(peak)}; pinned to its stages, {fmt_size(tight_peak)}")
             if tight_peak < peak:
                 sol, peak, pinning = tight, tight_peak, True
+        least = peak if least is None else min(least, peak)
         if budget is None:
             if peak > sol.meta.budget_bytes:
                 log(f"the compiled step measured {fmt_size(peak)}, over the smallest budget's prediction "
@@ -77,15 +80,16 @@ def hold_budget(sol: Solution, budget: int | None, measure: Callable[[Solution],
             return sol
         excess = peak - budget
         target -= excess
-        if attempt + 1 == tries:
+        if attempt + 1 == tries or smallest:
             break
         log(f"the compiled step measured {fmt_size(peak)}, {fmt_size(excess)} over the budget "
             f"{fmt_size(budget)}: solving again at {fmt_size(target)}")
-        try:
-            sol = resolve(target)
-        except InfeasibleBudgetError:
-            raise InfeasibleBudgetError(budget, peak, sol.meta.mode, exact=False) from None
-    raise InfeasibleBudgetError(budget, peak, sol.meta.mode, exact=False)
+        sol = resolve(target)
+        smallest = sol.meta.budget_bytes > target
+        if smallest:
+            log(f"{fmt_size(target)} is below the smallest budget: measuring the smallest schedule "
+                f"({fmt_size(sol.meta.budget_bytes)} simulated)")
+    raise InfeasibleBudgetError(budget, least, sol.meta.mode, exact=False)
 
 
 def compiled_peak(wrapper, module, inputs, autocast=None) -> int:

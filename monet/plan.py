@@ -403,7 +403,8 @@ class Plan:
         """``sol`` held to ``budget`` bytes (None: the smallest budget) by measuring its compiled
         step (`monet.held.hold_budget`): one training step on the plan's module, left as it was
         (`monet.profiling.dispatch.restored`), pinned to its stages or solved again where over,
-        each solve in the call's time limit again; the last wrapper measured is kept
+        each solve in the call's time limit again (below the smallest feasible budget, the smallest
+        schedule); the last wrapper measured is kept
         (`measured`), so `wrap` returns it compiled."""
         from monet.solver.deadline import Deadline
 
@@ -414,7 +415,7 @@ class Plan:
             return peak
 
         def resolve(b: int):  # in the call's time limit again: the first solve spent it
-            return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), deadline.limit_s)), "raise", kw)
+            return self._solve_or_smallest(b, mode, Deadline(max(deadline.left(), deadline.limit_s)), "smallest", kw)
 
         return hold_budget(sol, budget, measure, resolve, self._log)
 

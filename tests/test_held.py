@@ -2,10 +2,11 @@
 
 The loop on stand-ins (a measured peak per schedule, a solver that records the budgets it is
 asked): a schedule measured under its budget is kept; one measured over is solved again at the
-budget lowered by the excess; one that cannot be brought under is refused with the measured peak
-as the budget it fits; the smallest budget becomes the measured peak.  Then on a real compiled
-step (a 4-layer transformers GPT-2 at its smallest budget, whose Inductor kernels hold more than
-the memory model counts): the measured peak is at or under the budget the solution states.
+budget lowered by the excess, or the smallest schedule below the smallest feasible budget; one
+that cannot be brought under is refused with the least measured peak as the budget it fits; the
+smallest budget becomes the measured peak.  Then on a real compiled step (a 4-layer transformers
+GPT-2 at its smallest budget, whose Inductor kernels hold more than the memory model counts):
+the measured peak is at or under the budget the solution states.
 """
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ class Solver:
 
     def resolve(self, budget: int):
         self.asked.append(budget)
-        if budget < self.smallest:
-            raise InfeasibleBudgetError(budget, self.smallest, "normal")
+        if budget < self.smallest:  # as `Plan._held`'s: the smallest schedule
+            return _sol("smallest", self.smallest)
         return _sol(f"at {budget}", budget)
 
     def pin(self, sol):
@@ -92,12 +93,22 @@ def test_a_schedule_never_measured_under_is_refused_with_the_budget_it_fits():
     assert e.value.min_budget_bytes == 100 * MiB + 1 and str(100 * MiB + 1) in str(e.value)
 
 
-def test_a_lowered_budget_below_the_smallest_is_refused_with_the_measured_peak():
-    solver = Solver({100 * MiB: 104 * MiB}, smallest=98 * MiB)
+def test_below_the_smallest_budget_the_smallest_schedule_is_measured():
+    """Near the floor the schedules' excesses differ: the smallest one can fit where the lowered
+    budget is infeasible."""
+    solver = Solver({100 * MiB: 104 * MiB, 98 * MiB: 99 * MiB}, smallest=98 * MiB)
+    held = solver.hold(_sol("first", 100 * MiB), 100 * MiB)
+    assert solver.asked == [96 * MiB] and held.name == "smallest"
+    assert held.meta.measured_peak_bytes == 99 * MiB and held.meta.budget_bytes == 100 * MiB
+    assert "below the smallest budget" in solver.logged[-1]
+
+
+def test_a_smallest_schedule_measured_over_is_refused_with_the_least_measured_peak():
+    solver = Solver({100 * MiB: 104 * MiB, 98 * MiB: 103 * MiB}, smallest=98 * MiB)
     with pytest.raises(InfeasibleBudgetError) as e:
         solver.hold(_sol("first", 100 * MiB), 100 * MiB)
-    assert solver.asked == [96 * MiB]
-    assert e.value.budget_bytes == 100 * MiB and e.value.min_budget_bytes == 104 * MiB
+    assert solver.asked == [96 * MiB], "no schedule is smaller: nothing is solved again"
+    assert e.value.budget_bytes == 100 * MiB and e.value.min_budget_bytes == 103 * MiB
 
 
 def test_the_smallest_budget_becomes_the_measured_peak():
